@@ -1,0 +1,150 @@
+//! The Backend trait: memory, transfers and every op the model graphs need.
+//!
+//! Activations are contiguous row-major tensors of `activation_dtype()` (f32 on the CPU reference).
+//! Composite, performance-critical steps (attention with its cache, the gated delta rule, the MoE
+//! block) are single methods so a backend can fuse them; vt-cpu's versions are the reference.
+//! Every op checks its shapes and returns an `Error` naming the mismatch, never panics.
+
+use crate::tensor::Tensor;
+use crate::weights::{Linear, MoeExperts, Router};
+use crate::{DType, Result};
+
+/// Memory a backend instance has handed out and not yet been given back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub bytes_live: usize,
+    pub blocks_live: usize,
+    pub peak_bytes: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / rms(x) * w`.
+    Plain,
+    /// `x / rms(x) * (1 + w)` (Qwen3.5's zero-centred norm weights).
+    UnitOffset,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAct {
+    Sigmoid,
+    Softplus,
+}
+
+/// Rotary embedding over the first `rotary_dim` features of each head, NeoX layout (halves).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// `rotary_dim / 2` inverse frequencies.
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    pub attention_scaling: f32,
+}
+
+impl Rope {
+    pub fn rotary_dim(&self) -> usize {
+        self.inv_freq.len() * 2
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions `p - window < j <= p`.
+    pub window: Option<usize>,
+}
+
+/// Inputs of the gated delta rule for `t` tokens.
+pub struct GdnInputs<'a, B: Backend> {
+    /// `[t, key_heads, key_dim]`, not yet l2-normalised.
+    pub q: &'a Tensor<B>,
+    /// `[t, key_heads, key_dim]`, not yet l2-normalised.
+    pub k: &'a Tensor<B>,
+    /// `[t, value_heads, value_dim]`.
+    pub v: &'a Tensor<B>,
+    /// `[t, value_heads]`: decay input, `g = -exp(a_log) * softplus(a + dt_bias)`.
+    pub a: &'a Tensor<B>,
+    /// `[t, value_heads]`: `beta = sigmoid(b)`.
+    pub b: &'a Tensor<B>,
+    /// `[value_heads]`.
+    pub a_log: &'a Tensor<B>,
+    /// `[value_heads]`.
+    pub dt_bias: &'a Tensor<B>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnMode {
+    /// Chunked (WY) form, for prefill.
+    Chunked,
+    /// One token at a time, for decode.
+    Recurrent,
+}
+
+pub trait Backend: Clone + Send + Sync + Sized + 'static {
+    type Buffer: Send + Sync + 'static;
+    /// Key/value cache of one attention layer for one sequence.
+    type KvCache: Send + Sync + 'static;
+
+    fn name(&self) -> &'static str;
+    /// Distinct for every backend instance in the process.
+    fn instance_id(&self) -> u64;
+    fn activation_dtype(&self) -> DType;
+    fn memory(&self) -> MemoryStats;
+    /// Address of a buffer's first byte (device address on a GPU).
+    fn buffer_addr(&self, buf: &Self::Buffer) -> usize;
+
+    // ---- transfers ----
+    /// Copies stored bytes in as they are (weights keep their dtype).
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>>;
+    /// An activation tensor (of `activation_dtype`) from f32 values.
+    fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>>;
+    /// An f32 tensor of zeros (recurrent state).
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>>;
+    /// Zeros in `activation_dtype` (convolution state).
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>>;
+    fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
+
+    // ---- ops ----
+    /// Rows of `table` `[vocab, hidden]` for `ids` -> `[ids.len(), hidden]`.
+    fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>>;
+    /// RMSNorm over the last dimension, `w` `[last]`.
+    fn rms_norm(&self, x: &Tensor<Self>, w: &Tensor<Self>, eps: f32, kind: NormKind) -> Result<Tensor<Self>>;
+    /// `rmsnorm(x) * w * silu(z)` over the last dimension (plain `w`).
+    fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>>;
+    /// `x [.., in] -> [.., out]`.
+    fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>>;
+    fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>>;
+    /// `silu(gate) * up`, elementwise.
+    fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>>;
+    /// `x * act(g)`: `g` has x's element count (per element) or `[rows, groups]` with `x`'s last
+    /// dimension a multiple of `groups` (one gate per group of consecutive features).
+    fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>>;
+    /// Columns `start..start+len` of `x` viewed as `[rows, last_dim]`.
+    fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>>;
+    /// Rows `start..start+len` of `x` viewed as `[rows, last_dim]`.
+    fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>>;
+    /// Rotary embedding of `x` `[t, heads, head_dim]` for positions `start..start+t`.
+    fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>>;
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<Self::KvCache>;
+    /// Appends `k`, `v` `[t, kv_heads, head_dim]` to `cache`, then causal (optionally windowed)
+    /// GQA attention of `q` `[t, q_heads, head_dim]` over everything cached -> `[t, q_heads, head_dim]`.
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cache: &mut Self::KvCache,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>>;
+
+    /// Depthwise causal conv1d with silu over `x` `[t, channels]`, weight `[channels, kernel]`,
+    /// continuing from and updating `state` `[channels, kernel - 1]` (the previous inputs).
+    fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>>;
+    /// The gated delta rule with l2-normalised q, k and `1/sqrt(key_dim)` scaling; `state` f32
+    /// `[value_heads, key_dim, value_dim]` is read and updated. Value head `h` uses key head
+    /// `h / (value_heads / key_heads)`. Returns `[t, value_heads, value_dim]`.
+    fn gated_delta_rule(&self, inputs: &GdnInputs<'_, Self>, state: &mut Tensor<Self>, mode: GdnMode) -> Result<Tensor<Self>>;
+
+    /// Routed experts of one MoE layer for `x` `[t, hidden]` (no shared expert).
+    fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>>;
+}

@@ -1,0 +1,19 @@
+//! vt-core: dtypes, errors, the `Backend` trait, `ResidentSlot<B>`, typed weights and checkpoint
+//! reading. Backends and model graphs build on this crate; it names neither a device nor a model.
+
+pub mod backend;
+pub mod checkpoint;
+pub mod dtype;
+pub mod error;
+#[cfg(feature = "mutation-address-keyed-cache")]
+mod mutation;
+pub mod resident;
+pub mod tensor;
+pub mod weights;
+
+pub use backend::{AttentionParams, Backend, GateAct, GdnInputs, GdnMode, MemoryStats, NormKind, Rope};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use resident::ResidentSlot;
+pub use tensor::Tensor;
+pub use weights::{Expert, Linear, MoeExperts, Nvfp4, Router, RouterKind, Weight, NVFP4_GROUP};

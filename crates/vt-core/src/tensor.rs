@@ -1,0 +1,68 @@
+//! A backend tensor: one owned, contiguous, row-major buffer with its dtype and shape.
+
+use crate::backend::Backend;
+use crate::{DType, Error, Result};
+
+pub struct Tensor<B: Backend> {
+    buf: B::Buffer,
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl<B: Backend> Tensor<B> {
+    /// Wraps a buffer a backend produced. Backends call this; the byte length is theirs to get right.
+    pub fn from_parts(buf: B::Buffer, dtype: DType, shape: Vec<usize>) -> Self {
+        Tensor { buf, dtype, shape }
+    }
+
+    pub fn buffer(&self) -> &B::Buffer {
+        &self.buf
+    }
+
+    pub fn buffer_mut(&mut self) -> &mut B::Buffer {
+        &mut self.buf
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size of the last dimension (1 for a scalar).
+    pub fn last_dim(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Number of rows when the tensor is viewed as `[rows, last_dim]`.
+    pub fn rows(&self) -> usize {
+        self.numel() / self.last_dim().max(1)
+    }
+
+    /// Same buffer, new shape with the same element count.
+    pub fn reshape(self, shape: &[usize]) -> Result<Self> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::input(format!(
+                "cannot reshape {:?} to {:?}",
+                self.shape, shape
+            )));
+        }
+        Ok(Tensor {
+            buf: self.buf,
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+        })
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Tensor<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor<{}>({}, {:?})", std::any::type_name::<B>(), self.dtype, self.shape)
+    }
+}

@@ -1,0 +1,307 @@
+//! vt-cpu: the reference backend. Every op plainly written in f32, parallel over rows and heads
+//! with rayon; weights read in their stored dtype; every buffer from an accounted allocator with
+//! an optional placement-arena mode (see `alloc.rs`).
+
+mod alloc;
+pub mod ops;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use vt_core::{AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind, Result, Rope, Router, Tensor};
+
+pub use alloc::{AllocMode, CpuBuffer};
+pub use ops::attention::CpuKvCache;
+pub use ops::moe::CpuExpertTable;
+
+use alloc::Allocator;
+use ops::rows::RowSource;
+
+/// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// The CPU backend. Clones share one allocator (one "device").
+#[derive(Clone)]
+pub struct CpuBackend {
+    alloc: Arc<Allocator>,
+    id: u64,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self::with_mode(AllocMode::System)
+    }
+
+    pub fn with_mode(mode: AllocMode) -> Self {
+        CpuBackend { alloc: Arc::new(Allocator::new(mode)), id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    pub fn alloc_mode(&self) -> AllocMode {
+        self.alloc.mode()
+    }
+
+    fn f32_tensor(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
+        let mut buf = CpuBuffer::new(&self.alloc, data.len() * 4)?;
+        buf.f32s_mut().copy_from_slice(data);
+        Ok(Tensor::from_parts(buf, DType::F32, shape.to_vec()))
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn err(reason: impl Into<String>) -> Error {
+    Error::backend("cpu", reason)
+}
+
+/// The f32 data of an activation tensor, or an error naming the op.
+fn f32s<'a>(t: &'a Tensor<CpuBackend>, op: &str) -> Result<&'a [f32]> {
+    if t.dtype() != DType::F32 {
+        return Err(err(format!("{op}: expected an F32 activation, found {} {:?}", t.dtype(), t.shape())));
+    }
+    Ok(t.buffer().f32s())
+}
+
+/// A small float tensor (norm weight, bias) decoded to f32.
+fn small_f32(t: &Tensor<CpuBackend>, op: &str) -> Result<Vec<f32>> {
+    if !t.dtype().is_float() {
+        return Err(err(format!("{op}: expected a float tensor, found {}", t.dtype())));
+    }
+    let mut out = vec![0.0; t.numel()];
+    vt_core::dtype::decode_into(t.dtype(), t.buffer().bytes(), &mut out);
+    Ok(out)
+}
+
+fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(err(format!("{op}: {}", what())))
+    }
+}
+
+/// `[t, heads, dim]` of a 3-D activation.
+fn dims3(t: &Tensor<CpuBackend>, op: &str) -> Result<(usize, usize, usize)> {
+    match *t.shape() {
+        [a, b, c] => Ok((a, b, c)),
+        _ => Err(err(format!("{op}: expected a [tokens, heads, dim] tensor, found {:?}", t.shape()))),
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = CpuBuffer;
+    type KvCache = CpuKvCache;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn instance_id(&self) -> u64 {
+        self.id
+    }
+
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn memory(&self) -> MemoryStats {
+        self.alloc.stats()
+    }
+
+    fn buffer_addr(&self, buf: &CpuBuffer) -> usize {
+        buf.addr()
+    }
+
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
+        let numel: usize = shape.iter().product();
+        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || format!("{} bytes do not hold {dtype} {shape:?}", bytes.len()))?;
+        let mut buf = CpuBuffer::new(&self.alloc, bytes.len())?;
+        buf.bytes_mut().copy_from_slice(bytes);
+        Ok(Tensor::from_parts(buf, dtype, shape.to_vec()))
+    }
+
+    fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
+        check(shape.iter().product::<usize>() == data.len(), "from_f32", || format!("{} values for shape {shape:?}", data.len()))?;
+        self.f32_tensor(shape, data)
+    }
+
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        let n: usize = shape.iter().product();
+        Ok(Tensor::from_parts(CpuBuffer::new(&self.alloc, n * 4)?, DType::F32, shape.to_vec()))
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        self.zeros_f32(shape)
+    }
+
+    fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
+        small_f32(t, "to_f32")
+    }
+
+    fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
+        let [vocab, hidden] = *table.shape() else {
+            return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
+        };
+        let row = table.dtype().bytes_for(hidden).ok_or_else(|| err("embedding: bad table dtype"))?;
+        check(table.dtype().is_float(), "embedding", || format!("table dtype {}", table.dtype()))?;
+        let mut out = vec![0.0f32; ids.len() * hidden];
+        for (o, &id) in out.chunks_exact_mut(hidden).zip(ids) {
+            let id = id as usize;
+            check(id < vocab, "embedding", || format!("token id {id} is outside the vocabulary of {vocab}"))?;
+            vt_core::dtype::decode_into(table.dtype(), &table.buffer().bytes()[id * row..(id + 1) * row], o);
+        }
+        self.f32_tensor(&[ids.len(), hidden], &out)
+    }
+
+    fn rms_norm(&self, x: &Tensor<Self>, w: &Tensor<Self>, eps: f32, kind: NormKind) -> Result<Tensor<Self>> {
+        let w = small_f32(w, "rms_norm")?;
+        check(x.last_dim() == w.len(), "rms_norm", || format!("input {:?} vs weight [{}]", x.shape(), w.len()))?;
+        let mut out = vec![0.0; x.numel()];
+        ops::norm::rms_norm(f32s(x, "rms_norm")?, &w, eps, kind, &mut out);
+        self.f32_tensor(x.shape(), &out)
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>> {
+        let w = small_f32(w, "rms_norm_gated")?;
+        check(x.last_dim() == w.len() && x.numel() == z.numel(), "rms_norm_gated", || format!("input {:?}, gate {:?}, weight [{}]", x.shape(), z.shape(), w.len()))?;
+        let mut out = vec![0.0; x.numel()];
+        ops::norm::rms_norm_gated(f32s(x, "rms_norm_gated")?, f32s(z, "rms_norm_gated")?, &w, eps, &mut out);
+        self.f32_tensor(x.shape(), &out)
+    }
+
+    fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>> {
+        let (n, k) = w.weight.dims();
+        check(x.last_dim() == k, "linear", || format!("input {:?} vs weight [{n}, {k}]", x.shape()))?;
+        let t = x.rows();
+        // SAFETY: the rows belong to `w`, borrowed for the whole call.
+        let y = unsafe { ops::matmul::matmul(f32s(x, "linear")?, t, k, RowSource::of(&w.weight), n) };
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("checked non-scalar") = n;
+        self.f32_tensor(&shape, &y)
+    }
+
+    fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
+        check(a.shape() == b.shape(), "add", || format!("{:?} vs {:?}", a.shape(), b.shape()))?;
+        let out: Vec<f32> = f32s(a, "add")?.iter().zip(f32s(b, "add")?).map(|(x, y)| x + y).collect();
+        self.f32_tensor(a.shape(), &out)
+    }
+
+    fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
+        check(gate.shape() == up.shape(), "swiglu", || format!("{:?} vs {:?}", gate.shape(), up.shape()))?;
+        let out: Vec<f32> = f32s(gate, "swiglu")?.iter().zip(f32s(up, "swiglu")?).map(|(&g, &u)| ops::norm::silu(g) * u).collect();
+        self.f32_tensor(gate.shape(), &out)
+    }
+
+    fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>> {
+        let (rows, width) = (x.rows(), x.last_dim());
+        let groups = g.numel() / rows.max(1);
+        check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || format!("gate {:?} does not fit input {:?}", g.shape(), x.shape()))?;
+        let (xs, gs) = (f32s(x, "gate")?, f32s(g, "gate")?);
+        let per = width / groups;
+        let f = match act {
+            GateAct::Sigmoid => ops::norm::sigmoid,
+            GateAct::Softplus => ops::norm::softplus,
+        };
+        let out: Vec<f32> = xs.iter().enumerate().map(|(i, &v)| v * f(gs[i / per])).collect();
+        self.f32_tensor(x.shape(), &out)
+    }
+
+    fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        let width = x.last_dim();
+        check(start + len <= width, "narrow_cols", || format!("columns {start}..{} of {:?}", start + len, x.shape()))?;
+        let out: Vec<f32> = f32s(x, "narrow_cols")?.chunks_exact(width).flat_map(|r| r[start..start + len].iter().copied()).collect();
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("non-scalar") = len;
+        self.f32_tensor(&shape, &out)
+    }
+
+    fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        let width = x.last_dim();
+        check(start + len <= x.rows(), "slice_rows", || format!("rows {start}..{} of {:?}", start + len, x.shape()))?;
+        let data = &f32s(x, "slice_rows")?[start * width..(start + len) * width];
+        self.f32_tensor(&[len, width], data)
+    }
+
+    fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
+        let (_, heads, dim) = dims3(x, "rope")?;
+        check(rope.rotary_dim() <= dim, "rope", || format!("rotary dim {} exceeds head dim {dim}", rope.rotary_dim()))?;
+        let mut out = vec![0.0; x.numel()];
+        ops::rope::rope(f32s(x, "rope")?, heads, dim, start, rope, &mut out);
+        self.f32_tensor(x.shape(), &out)
+    }
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
+        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
+    }
+
+    fn attention(&self, q: &Tensor<Self>, k: &Tensor<Self>, v: &Tensor<Self>, cache: &mut CpuKvCache, params: &AttentionParams) -> Result<Tensor<Self>> {
+        let (t, q_heads, head_dim) = dims3(q, "attention")?;
+        let (tk, kv_heads, dk) = dims3(k, "attention")?;
+        check(tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0, "attention", || {
+            format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape())
+        })?;
+        check(params.window != Some(0), "attention", || "a sliding window of 0 positions".into())?;
+        let shape = ops::attention::AttnShape { t, q_heads, kv_heads, head_dim };
+        let out = ops::attention::attention(f32s(q, "attention")?, f32s(k, "attention")?, f32s(v, "attention")?, &shape, cache, params)?;
+        self.f32_tensor(q.shape(), &out)
+    }
+
+    fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
+        let [channels, kernel] = *w.shape() else {
+            return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
+        };
+        check(x.last_dim() == channels && kernel >= 1 && state.shape() == [channels, kernel - 1], "causal_conv1d", || {
+            format!("input {:?}, weight {:?}, state {:?}", x.shape(), w.shape(), state.shape())
+        })?;
+        let w = small_f32(w, "causal_conv1d")?;
+        let t = x.rows();
+        let out = ops::conv::causal_conv1d_silu(f32s(x, "causal_conv1d")?, t, channels, &w, kernel, state.buffer_mut().f32s_mut());
+        self.f32_tensor(x.shape(), &out)
+    }
+
+    fn gated_delta_rule(&self, inp: &GdnInputs<'_, Self>, state: &mut Tensor<Self>, mode: GdnMode) -> Result<Tensor<Self>> {
+        let op = "gated_delta_rule";
+        let (t, key_heads, key_dim) = dims3(inp.q, op)?;
+        let (tv, value_heads, value_dim) = dims3(inp.v, op)?;
+        check(
+            inp.k.shape() == inp.q.shape()
+                && tv == t
+                && key_heads > 0
+                && value_heads % key_heads == 0
+                && inp.a.numel() == t * value_heads
+                && inp.b.numel() == t * value_heads
+                && inp.a_log.numel() == value_heads
+                && inp.dt_bias.numel() == value_heads
+                && state.shape() == [value_heads, key_dim, value_dim]
+                && state.dtype() == DType::F32,
+            op,
+            || format!("q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {:?}", inp.q.shape(), inp.k.shape(), inp.v.shape(), inp.a.shape(), inp.b.shape(), state.shape()),
+        )?;
+        let d = ops::gdn::GdnDims { t, key_heads, value_heads, key_dim, value_dim };
+        let (a_log, dt_bias) = (small_f32(inp.a_log, op)?, small_f32(inp.dt_bias, op)?);
+        let (q, k, v, a, b) = (f32s(inp.q, op)?, f32s(inp.k, op)?, f32s(inp.v, op)?, f32s(inp.a, op)?, f32s(inp.b, op)?);
+        let s = state.buffer_mut().f32s_mut();
+        let out = match mode {
+            GdnMode::Chunked => ops::gdn::gated_delta_rule_chunked(&d, q, k, v, a, b, &a_log, &dt_bias, s),
+            GdnMode::Recurrent => ops::gdn::gated_delta_rule_recurrent(&d, q, k, v, a, b, &a_log, &dt_bias, s),
+        };
+        self.f32_tensor(&[t, value_heads, value_dim], &out)
+    }
+
+    fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
+        check(x.last_dim() == experts.hidden && router.weight.out_features() == experts.experts.len(), "moe", || {
+            format!("input {:?}, router [{}, {}], {} experts of hidden {}", x.shape(), router.weight.out_features(), router.weight.in_features(), experts.experts.len(), experts.hidden)
+        })?;
+        let top_k = router.kind.top_k();
+        check(top_k >= 1 && top_k <= experts.experts.len(), "moe", || format!("top-k {top_k} with {} experts", experts.experts.len()))?;
+        let logits = self.linear(x, &router.weight)?;
+        let bias = router.correction_bias.as_ref().map(|b| small_f32(b, "moe")).transpose()?;
+        let table = experts.resident.get_or_try_init(self, || ops::moe::build_table(&self.alloc, experts))?;
+        let out = ops::moe::moe(f32s(x, "moe")?, x.rows(), logits.buffer().f32s(), router, bias.as_deref(), experts, table);
+        self.f32_tensor(x.shape(), &out)
+    }
+}

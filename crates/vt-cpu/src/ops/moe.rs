@@ -1,0 +1,162 @@
+//! The CPU MoE block: routing, then SwiGLU experts read through the layer's expert table.
+//!
+//! The expert table is resident state derived from the experts, built on first use and kept in
+//! the `MoeExperts`' own `ResidentSlot`: gate and up rows repacked pairwise into one matrix (so one
+//! pass over the input yields both halves of each SwiGLU unit) and raw row pointers into each
+//! expert's down projection. It depends on the experts' values and addresses exactly as a GPU
+//! expert-pointer table or a repacked quantized layout does, which is what lets the lifetime tests
+//! reproduce the original bug class on the CPU.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Weight};
+
+use super::matmul::matmul;
+use super::norm::{sigmoid, silu};
+use super::rows::RowSource;
+use crate::alloc::{Allocator, CpuBuffer};
+use crate::CpuBackend;
+
+/// Gate and up of one expert as one `[2 * intermediate, hidden]` matrix, rows interleaved.
+struct FusedGateUp {
+    codes: CpuBuffer,
+    scales: Option<CpuBuffer>,
+    dtype: DType,
+    global: [f32; 2],
+    k: usize,
+}
+
+impl FusedGateUp {
+    fn source(&self) -> RowSource {
+        match &self.scales {
+            None => RowSource::Dense { ptr: self.codes.bytes().as_ptr(), dtype: self.dtype, k: self.k },
+            Some(s) => RowSource::Nvfp4 { codes: self.codes.bytes().as_ptr(), scales: s.bytes().as_ptr(), global: self.global, k: self.k },
+        }
+    }
+}
+
+pub struct CpuExpertTable {
+    gate_up: Vec<FusedGateUp>,
+    /// Raw rows of each expert's down projection, valid while the owning `MoeExperts` lives: the
+    /// table sits in that owner's slot, so it cannot outlive the storage it points into.
+    down: Vec<RowSource>,
+}
+
+/// Interleaves the rows of `a` and `b` (each `rows` rows of `row_bytes`) into a new buffer.
+fn interleave(alloc: &Arc<Allocator>, a: &[u8], b: &[u8], row_bytes: usize) -> Result<CpuBuffer> {
+    let mut buf = CpuBuffer::new(alloc, a.len() + b.len())?;
+    for (i, (ra, rb)) in a.chunks_exact(row_bytes).zip(b.chunks_exact(row_bytes)).enumerate() {
+        let dst = &mut buf.bytes_mut()[2 * i * row_bytes..(2 * i + 2) * row_bytes];
+        dst[..row_bytes].copy_from_slice(ra);
+        dst[row_bytes..].copy_from_slice(rb);
+    }
+    Ok(buf)
+}
+
+fn fuse(alloc: &Arc<Allocator>, gate: &Weight<CpuBackend>, up: &Weight<CpuBackend>, what: &str) -> Result<FusedGateUp> {
+    let k = gate.dims().1;
+    match (gate, up) {
+        (Weight::Dense(g), Weight::Dense(u)) if g.dtype() == u.dtype() => {
+            let row = g.dtype().bytes_for(k).expect("validated");
+            Ok(FusedGateUp { codes: interleave(alloc, g.buffer().bytes(), u.buffer().bytes(), row)?, scales: None, dtype: g.dtype(), global: [1.0; 2], k })
+        }
+        (Weight::Nvfp4(g), Weight::Nvfp4(u)) => Ok(FusedGateUp {
+            codes: interleave(alloc, g.codes.buffer().bytes(), u.codes.buffer().bytes(), k / 2)?,
+            scales: Some(interleave(alloc, g.scales.buffer().bytes(), u.scales.buffer().bytes(), k / vt_core::NVFP4_GROUP)?),
+            dtype: DType::F4x2,
+            global: [g.global_scale, u.global_scale],
+            k,
+        }),
+        _ => Err(Error::tensor(what, "gate and up projections must share one storage format")),
+    }
+}
+
+pub fn build_table(alloc: &Arc<Allocator>, experts: &MoeExperts<CpuBackend>) -> Result<CpuExpertTable> {
+    let gate_up = experts
+        .experts
+        .iter()
+        .enumerate()
+        .map(|(e, ex)| fuse(alloc, &ex.gate, &ex.up, &format!("expert {e}")))
+        .collect::<Result<Vec<_>>>()?;
+    let down = experts.experts.iter().map(|ex| RowSource::of(&ex.down)).collect();
+    Ok(CpuExpertTable { gate_up, down })
+}
+
+/// Chosen experts and their weights for one token.
+pub fn route(logits: &[f32], kind: &RouterKind, bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let top = |choice: &[f32], k: usize| {
+        let mut idx: Vec<usize> = (0..choice.len()).collect();
+        // Stable sort: among equal scores the lower expert index wins.
+        idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
+        idx.truncate(k);
+        idx
+    };
+    match *kind {
+        RouterKind::Softmax { top_k, renormalize } => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+            let chosen = top(&probs, top_k);
+            let norm = if renormalize { chosen.iter().map(|&e| probs[e]).sum::<f32>() } else { 1.0 };
+            chosen.into_iter().map(|e| (e, probs[e] / norm)).collect()
+        }
+        RouterKind::Sigmoid { top_k, softcap, renormalize, routed_scaling } => {
+            let scores: Vec<f32> = logits
+                .iter()
+                .map(|&l| sigmoid(match softcap {
+                    Some(c) => c * (l / c).tanh(),
+                    None => l,
+                }))
+                .collect();
+            let choice: Vec<f32> = match bias {
+                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => scores.clone(),
+            };
+            let chosen = top(&choice, top_k);
+            let norm = if renormalize { chosen.iter().map(|&e| scores[e]).sum::<f32>() } else { 1.0 };
+            chosen.into_iter().map(|e| (e, scores[e] / norm * routed_scaling)).collect()
+        }
+    }
+}
+
+/// Routed experts for `x` `[t, hidden]` given router logits `[t, num_experts]`.
+pub fn moe(x: &[f32], t: usize, router_logits: &[f32], router: &Router<CpuBackend>, bias: Option<&[f32]>, experts: &MoeExperts<CpuBackend>, table: &CpuExpertTable) -> Vec<f32> {
+    let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
+    let routes: Vec<Vec<(usize, f32)>> = (0..t).map(|i| route(&router_logits[i * n_exp..(i + 1) * n_exp], &router.kind, bias)).collect();
+    // Tokens of each expert, in token order.
+    let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
+    for (i, r) in routes.iter().enumerate() {
+        for &(e, w) in r {
+            assigned[e].push((i, w));
+        }
+    }
+    let outputs: Vec<Vec<f32>> = assigned
+        .par_iter()
+        .enumerate()
+        .map(|(e, toks)| {
+            if toks.is_empty() {
+                return Vec::new();
+            }
+            let m = toks.len();
+            let xs: Vec<f32> = toks.iter().flat_map(|&(i, _)| x[i * h..(i + 1) * h].iter().copied()).collect();
+            // SAFETY: the fused buffer is owned by `table`, alive for this call, `2 * inter` rows.
+            let gu = unsafe { matmul(&xs, m, h, table.gate_up[e].source(), 2 * inter) };
+            let act: Vec<f32> = gu.chunks_exact(2).map(|p| silu(p[0]) * p[1]).collect();
+            // SAFETY: `down[e]` points into expert e's down projection, which the `MoeExperts`
+            // that owns this table keeps alive; it has `h` rows of `inter` inputs.
+            unsafe { matmul(&act, m, inter, table.down[e], h) }
+        })
+        .collect();
+    // Combine in ascending expert order, as transformers' index_add loop does.
+    let mut out = vec![0.0f32; t * h];
+    for (e, toks) in assigned.iter().enumerate() {
+        for (j, &(i, w)) in toks.iter().enumerate() {
+            for (o, &y) in out[i * h..(i + 1) * h].iter_mut().zip(&outputs[e][j * h..(j + 1) * h]) {
+                *o += w * y;
+            }
+        }
+    }
+    out
+}

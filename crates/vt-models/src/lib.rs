@@ -1,0 +1,10 @@
+//! vt-models: the decoder graphs of Qwen3.5-MoE, Laguna and Qwen3-MoE, generic over the Backend.
+//! Model code never names a device; it calls Backend methods.
+
+mod loader;
+mod model;
+mod rope;
+pub mod spec;
+
+pub use model::{Logits, Model, SeqState};
+pub use spec::{Family, ModelSpec};

@@ -1,0 +1,103 @@
+//! Reading a checkpoint's tensors into backend weights, checking each against the spec.
+
+use vt_core::checkpoint::{Checkpoint, TensorRef};
+use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Result, Tensor, Weight};
+
+/// Tensor access under the checkpoint's text-model prefix (`model.` or `model.language_model.`).
+pub struct Loader<'a, B: Backend> {
+    pub ckpt: &'a Checkpoint,
+    pub backend: &'a B,
+    /// Prefix of the decoder's tensors, e.g. `model.language_model.`.
+    pub prefix: String,
+}
+
+impl<'a, B: Backend> Loader<'a, B> {
+    pub fn new(ckpt: &'a Checkpoint, backend: &'a B) -> Result<Self> {
+        let prefix = ["model.language_model.", "model."]
+            .into_iter()
+            .find(|p| ckpt.tensors.contains(&format!("{p}embed_tokens.weight")))
+            .ok_or_else(|| Error::MissingTensor { name: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(), dir: ckpt.dir.clone() })?;
+        Ok(Loader { ckpt, backend, prefix: prefix.to_string() })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.ckpt.tensors.contains(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<TensorRef<'a>> {
+        self.ckpt.tensors.get(name)
+    }
+
+    /// A float tensor of exactly `shape`, uploaded in its stored dtype.
+    pub fn float(&self, name: &str, shape: &[usize]) -> Result<Tensor<B>> {
+        let t = self.get(name)?;
+        check_float(&t)?;
+        // Some checkpoints keep singleton dimensions (e.g. conv1d's [C, 1, K]); compare numel-wise
+        // only when the squeezed shapes agree.
+        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if t.shape != shape && squeeze(t.shape) != squeeze(shape) {
+            return Err(Error::tensor(name, format!("expected shape {shape:?} from config.json, found {:?}", t.shape)));
+        }
+        self.backend.upload(t.dtype, shape, t.bytes)
+    }
+
+    /// A matrix `[out, in]` in its stored form.
+    pub fn weight(&self, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
+        let w = Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?);
+        w.validate(base)?;
+        Ok(w)
+    }
+
+    pub fn linear(&self, base: &str, out: usize, inp: usize) -> Result<Linear<B>> {
+        Ok(Linear::new(self.backend, self.weight(base, out, inp)?))
+    }
+
+    /// Routed experts stored per expert (`{base}.{e}.gate_proj.weight`, ...) or stacked
+    /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`).
+    pub fn experts(&self, base: &str, num: usize, hidden: usize, inter: usize) -> Result<MoeExperts<B>> {
+        let stacked = format!("{base}.gate_up_proj");
+        let experts = if self.has(&stacked) {
+            let gate_up = self.get(&stacked)?;
+            let down = self.get(&format!("{base}.down_proj"))?;
+            check_float(&gate_up)?;
+            check_float(&down)?;
+            for (t, want) in [(&gate_up, [num, 2 * inter, hidden]), (&down, [num, hidden, inter])] {
+                if t.shape != want {
+                    return Err(Error::tensor(t.name, format!("expected shape {want:?} from config.json, found {:?}", t.shape)));
+                }
+            }
+            let (gu_bytes, d_bytes) = (gate_up.bytes.len() / num, down.bytes.len() / num);
+            let half = gu_bytes / 2;
+            (0..num)
+                .map(|e| {
+                    let gu = &gate_up.bytes[e * gu_bytes..(e + 1) * gu_bytes];
+                    let d = &down.bytes[e * d_bytes..(e + 1) * d_bytes];
+                    Ok(Expert {
+                        gate: Weight::Dense(self.backend.upload(gate_up.dtype, &[inter, hidden], &gu[..half])?),
+                        up: Weight::Dense(self.backend.upload(gate_up.dtype, &[inter, hidden], &gu[half..])?),
+                        down: Weight::Dense(self.backend.upload(down.dtype, &[hidden, inter], d)?),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..num)
+                .map(|e| {
+                    Ok(Expert {
+                        gate: self.weight(&format!("{base}.{e}.gate_proj"), inter, hidden)?,
+                        up: self.weight(&format!("{base}.{e}.up_proj"), inter, hidden)?,
+                        down: self.weight(&format!("{base}.{e}.down_proj"), hidden, inter)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        MoeExperts::new(self.backend, base, experts, hidden, inter)
+    }
+}
+
+fn check_float(t: &TensorRef) -> Result<()> {
+    if matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16) {
+        Ok(())
+    } else {
+        Err(Error::tensor(t.name, format!("expected a BF16, F16 or F32 tensor, found {}", t.dtype)))
+    }
+}

@@ -1,0 +1,347 @@
+//! The decoder graph shared by all three families, generic over the backend.
+
+use std::path::Path;
+
+use vt_core::checkpoint::Checkpoint;
+use vt_core::{AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, Tensor};
+
+use crate::loader::Loader;
+use crate::spec::{AttnGate, AttnSpec, FfnSpec, GdnSpec, LayerSpec, MixerSpec, ModelSpec, MoeSpec, SharedExpert};
+
+struct Attention<B: Backend> {
+    spec: AttnSpec,
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    o_proj: Linear<B>,
+    q_norm: Tensor<B>,
+    k_norm: Tensor<B>,
+    /// Laguna's `g_proj`.
+    g_proj: Option<Linear<B>>,
+}
+
+struct DeltaNet<B: Backend> {
+    spec: GdnSpec,
+    in_proj_qkv: Linear<B>,
+    in_proj_z: Linear<B>,
+    in_proj_b: Linear<B>,
+    in_proj_a: Linear<B>,
+    conv: Tensor<B>,
+    a_log: Tensor<B>,
+    dt_bias: Tensor<B>,
+    norm: Tensor<B>,
+    out_proj: Linear<B>,
+}
+
+enum Mixer<B: Backend> {
+    Attention(Attention<B>),
+    DeltaNet(DeltaNet<B>),
+}
+
+struct Mlp<B: Backend> {
+    gate: Linear<B>,
+    up: Linear<B>,
+    down: Linear<B>,
+}
+
+struct MoeBlock<B: Backend> {
+    router: Router<B>,
+    experts: MoeExperts<B>,
+    shared: Option<Mlp<B>>,
+    shared_gate: Option<Linear<B>>,
+}
+
+enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+    Moe(MoeBlock<B>),
+}
+
+struct Layer<B: Backend> {
+    input_norm: Tensor<B>,
+    mixer: Mixer<B>,
+    post_norm: Tensor<B>,
+    ffn: Ffn<B>,
+}
+
+/// A loaded model: weights on one backend, in their stored dtypes.
+pub struct Model<B: Backend> {
+    backend: B,
+    spec: ModelSpec,
+    embed: Linear<B>,
+    layers: Vec<Layer<B>>,
+    norm: Tensor<B>,
+    /// `None` when tied to the embeddings.
+    lm_head: Option<Linear<B>>,
+}
+
+/// Per-layer sequence state.
+enum LayerState<B: Backend> {
+    Attention(B::KvCache),
+    DeltaNet { conv: Tensor<B>, recurrent: Tensor<B> },
+}
+
+/// One sequence's state: KV caches, convolution and recurrent states, and its length.
+pub struct SeqState<B: Backend> {
+    pos: usize,
+    layers: Vec<LayerState<B>>,
+}
+
+impl<B: Backend> SeqState<B> {
+    /// Tokens processed so far.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+}
+
+/// Which positions `forward` returns logits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the checkpoint in `dir` onto `backend`.
+    pub fn load(backend: &B, dir: &Path) -> Result<Self> {
+        let ckpt = Checkpoint::open(dir)?;
+        Self::from_checkpoint(backend, &ckpt)
+    }
+
+    pub fn from_checkpoint(backend: &B, ckpt: &Checkpoint) -> Result<Self> {
+        let spec = ModelSpec::from_config(&ckpt.config)?;
+        let ld = Loader::new(ckpt, backend)?;
+        let p = ld.prefix.clone();
+        let h = spec.hidden;
+        let embed = ld.linear(&format!("{p}embed_tokens"), spec.vocab, h)?;
+        let layers = spec.layers.iter().enumerate().map(|(i, ls)| load_layer(&ld, &spec, ls, &format!("{p}layers.{i}"))).collect::<Result<Vec<_>>>()?;
+        let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
+        let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
+        Ok(Model { backend: backend.clone(), spec, embed, layers, norm, lm_head })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A fresh, empty sequence.
+    pub fn new_state(&self) -> Result<SeqState<B>> {
+        let b = &self.backend;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(a) => Ok(LayerState::Attention(b.new_kv_cache(a.spec.kv_heads, a.spec.head_dim, a.spec.window)?)),
+                Mixer::DeltaNet(d) => Ok(LayerState::DeltaNet {
+                    conv: b.zeros(&[d.spec.conv_channels(), d.spec.conv_kernel - 1])?,
+                    recurrent: b.zeros_f32(&[d.spec.value_heads, d.spec.key_dim, d.spec.value_dim])?,
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SeqState { pos: 0, layers })
+    }
+
+    /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
+    /// the last. A failed call leaves `state` unusable for further decoding (start a new one).
+    pub fn forward(&self, ids: &[u32], state: &mut SeqState<B>, which: Logits) -> Result<Tensor<B>> {
+        if ids.is_empty() {
+            return Err(Error::input("forward needs at least one token"));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.spec.vocab) {
+            return Err(Error::input(format!("token id {bad} is outside the vocabulary (size {})", self.spec.vocab)));
+        }
+        if state.layers.len() != self.layers.len() {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
+        let b = &self.backend;
+        let vt_core::Weight::Dense(table) = &self.embed.weight else {
+            return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
+        };
+        let mut x = b.embedding(table, ids)?;
+        let start = state.pos;
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            let h = b.rms_norm(&x, &layer.input_norm, self.spec.eps, self.spec.norm)?;
+            let mixed = match (&layer.mixer, ls) {
+                (Mixer::Attention(a), LayerState::Attention(cache)) => self.attention(a, &h, start, cache)?,
+                (Mixer::DeltaNet(d), LayerState::DeltaNet { conv, recurrent }) => self.delta_net(d, &h, conv, recurrent)?,
+                _ => return Err(Error::input("sequence state belongs to another model")),
+            };
+            x = b.add(&x, &mixed)?;
+            let h = b.rms_norm(&x, &layer.post_norm, self.spec.eps, self.spec.norm)?;
+            let f = match &layer.ffn {
+                Ffn::Dense(m) => self.mlp(m, &h)?,
+                Ffn::Moe(m) => self.moe(m, &h)?,
+            };
+            x = b.add(&x, &f)?;
+        }
+        state.pos += ids.len();
+        if which == Logits::Last {
+            x = b.slice_rows(&x, ids.len() - 1, 1)?;
+        }
+        let x = b.rms_norm(&x, &self.norm, self.spec.eps, self.spec.norm)?;
+        b.linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed))
+    }
+
+    fn attention(&self, a: &Attention<B>, x: &Tensor<B>, start: usize, cache: &mut B::KvCache) -> Result<Tensor<B>> {
+        let b = &self.backend;
+        let s = &a.spec;
+        let t = x.rows();
+        let (q, gate) = match s.gate {
+            AttnGate::SigmoidFromQProj => {
+                let qg = b.linear(x, &a.q_proj)?.reshape(&[t * s.q_heads, 2 * s.head_dim])?;
+                let q = b.narrow_cols(&qg, 0, s.head_dim)?;
+                let g = b.narrow_cols(&qg, s.head_dim, s.head_dim)?.reshape(&[t, s.q_heads * s.head_dim])?;
+                (q, Some(g))
+            }
+            _ => (b.linear(x, &a.q_proj)?, None),
+        };
+        let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &a.q_norm, self.spec.eps, s.qk_norm)?;
+        let k = b.linear(x, &a.k_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
+        let k = b.rms_norm(&k, &a.k_norm, self.spec.eps, s.qk_norm)?;
+        let v = b.linear(x, &a.v_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
+        let q = b.rope(&q, start, &s.rope)?;
+        let k = b.rope(&k, start, &s.rope)?;
+        let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
+        let o = b.attention(&q, &k, &v, cache, &params)?.reshape(&[t, s.q_heads * s.head_dim])?;
+        let o = match (s.gate, gate, &a.g_proj) {
+            (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
+            (AttnGate::Softplus { .. }, _, Some(g_proj)) => b.gate(&o, &b.linear(x, g_proj)?, GateAct::Softplus)?,
+            _ => o,
+        };
+        b.linear(&o, &a.o_proj)
+    }
+
+    fn delta_net(&self, d: &DeltaNet<B>, x: &Tensor<B>, conv: &mut Tensor<B>, recurrent: &mut Tensor<B>) -> Result<Tensor<B>> {
+        let b = &self.backend;
+        let s = &d.spec;
+        let t = x.rows();
+        let key_total = s.key_heads * s.key_dim;
+        let qkv = b.causal_conv1d(&b.linear(x, &d.in_proj_qkv)?, &d.conv, conv)?;
+        let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[t, s.key_heads, s.key_dim])?;
+        let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[t, s.key_heads, s.key_dim])?;
+        let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[t, s.value_heads, s.value_dim])?;
+        let a = b.linear(x, &d.in_proj_a)?;
+        let beta_in = b.linear(x, &d.in_proj_b)?;
+        let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
+        // As transformers: the recurrent form for single-token steps, the chunked form otherwise.
+        let mode = if t == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
+        let o = b.gated_delta_rule(&inputs, recurrent, mode)?.reshape(&[t * s.value_heads, s.value_dim])?;
+        let z = b.linear(x, &d.in_proj_z)?.reshape(&[t * s.value_heads, s.value_dim])?;
+        let o = b.rms_norm_gated(&o, &z, &d.norm, self.spec.eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
+        b.linear(&o, &d.out_proj)
+    }
+
+    fn mlp(&self, m: &Mlp<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
+        let b = &self.backend;
+        let act = b.swiglu(&b.linear(x, &m.gate)?, &b.linear(x, &m.up)?)?;
+        b.linear(&act, &m.down)
+    }
+
+    fn moe(&self, m: &MoeBlock<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
+        let b = &self.backend;
+        let routed = b.moe(x, &m.router, &m.experts)?;
+        let Some(shared) = &m.shared else { return Ok(routed) };
+        let mut s = self.mlp(shared, x)?;
+        if let Some(g) = &m.shared_gate {
+            s = b.gate(&s, &b.linear(x, g)?, GateAct::Sigmoid)?;
+        }
+        b.add(&routed, &s)
+    }
+}
+
+fn load_layer<B: Backend>(ld: &Loader<B>, spec: &ModelSpec, ls: &LayerSpec, p: &str) -> Result<Layer<B>> {
+    let h = spec.hidden;
+    let mixer = match &ls.mixer {
+        MixerSpec::Attention(s) => {
+            let a = format!("{p}.self_attn");
+            let q_out = s.q_heads * s.head_dim * if s.gate == AttnGate::SigmoidFromQProj { 2 } else { 1 };
+            let g_proj = match s.gate {
+                AttnGate::Softplus { per_head } => Some(ld.linear(&format!("{a}.g_proj"), if per_head { s.q_heads } else { s.q_heads * s.head_dim }, h)?),
+                _ => None,
+            };
+            Mixer::Attention(Attention {
+                spec: s.clone(),
+                q_proj: ld.linear(&format!("{a}.q_proj"), q_out, h)?,
+                k_proj: ld.linear(&format!("{a}.k_proj"), s.kv_heads * s.head_dim, h)?,
+                v_proj: ld.linear(&format!("{a}.v_proj"), s.kv_heads * s.head_dim, h)?,
+                o_proj: ld.linear(&format!("{a}.o_proj"), h, s.q_heads * s.head_dim)?,
+                q_norm: ld.float(&format!("{a}.q_norm.weight"), &[s.head_dim])?,
+                k_norm: ld.float(&format!("{a}.k_norm.weight"), &[s.head_dim])?,
+                g_proj,
+            })
+        }
+        MixerSpec::DeltaNet(s) => {
+            let a = format!("{p}.linear_attn");
+            let (key_total, value_total) = (s.key_heads * s.key_dim, s.value_heads * s.value_dim);
+            Mixer::DeltaNet(DeltaNet {
+                spec: s.clone(),
+                in_proj_qkv: ld.linear(&format!("{a}.in_proj_qkv"), 2 * key_total + value_total, h)?,
+                in_proj_z: ld.linear(&format!("{a}.in_proj_z"), value_total, h)?,
+                in_proj_b: ld.linear(&format!("{a}.in_proj_b"), s.value_heads, h)?,
+                in_proj_a: ld.linear(&format!("{a}.in_proj_a"), s.value_heads, h)?,
+                conv: ld.float(&format!("{a}.conv1d.weight"), &[s.conv_channels(), s.conv_kernel])?,
+                a_log: ld.float(&format!("{a}.A_log"), &[s.value_heads])?,
+                dt_bias: ld.float(&format!("{a}.dt_bias"), &[s.value_heads])?,
+                norm: ld.float(&format!("{a}.norm.weight"), &[s.value_dim])?,
+                out_proj: ld.linear(&format!("{a}.out_proj"), h, value_total)?,
+            })
+        }
+    };
+    let ffn = match &ls.ffn {
+        FfnSpec::Dense { intermediate } => Ffn::Dense(load_mlp(ld, &format!("{p}.mlp"), h, *intermediate)?),
+        FfnSpec::Moe(m) => Ffn::Moe(load_moe(ld, m, &format!("{p}.mlp"), h)?),
+    };
+    Ok(Layer {
+        input_norm: ld.float(&format!("{p}.input_layernorm.weight"), &[h])?,
+        mixer,
+        post_norm: ld.float(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        ffn,
+    })
+}
+
+fn load_mlp<B: Backend>(ld: &Loader<B>, p: &str, h: usize, inter: usize) -> Result<Mlp<B>> {
+    Ok(Mlp {
+        gate: ld.linear(&format!("{p}.gate_proj"), inter, h)?,
+        up: ld.linear(&format!("{p}.up_proj"), inter, h)?,
+        down: ld.linear(&format!("{p}.down_proj"), h, inter)?,
+    })
+}
+
+/// The first of `candidates` present in the checkpoint (name variants seen in the wild).
+fn first_present<'n, B: Backend>(ld: &Loader<B>, candidates: &[&'n str], probe: &str) -> Option<&'n str> {
+    candidates.iter().copied().find(|c| ld.has(&format!("{c}{probe}")))
+}
+
+fn load_moe<B: Backend>(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize) -> Result<MoeBlock<B>> {
+    let correction_bias = if m.correction_bias {
+        let names = [format!("{p}.experts.e_score_correction_bias"), format!("{p}.gate.e_score_correction_bias")];
+        let name = names.iter().find(|n| ld.has(n)).ok_or_else(|| Error::MissingTensor { name: names.join(" or "), dir: ld.ckpt.dir.clone() })?;
+        Some(ld.float(name, &[m.num_experts])?)
+    } else {
+        None
+    };
+    let router = Router { weight: ld.linear(&format!("{p}.gate"), m.num_experts, h)?, kind: m.router.clone(), correction_bias };
+    let experts = ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate)?;
+    let (shared, shared_gate) = match m.shared {
+        SharedExpert::None => (None, None),
+        SharedExpert::Plain { intermediate } | SharedExpert::SigmoidGated { intermediate } => {
+            let singular = format!("{p}.shared_expert");
+            let plural = format!("{p}.shared_experts");
+            let base = first_present(ld, &[singular.as_str(), plural.as_str()], ".gate_proj.weight").unwrap_or(singular.as_str()).to_string();
+            let gate = match m.shared {
+                SharedExpert::SigmoidGated { .. } => Some(ld.linear(&format!("{p}.shared_expert_gate"), 1, h)?),
+                _ => None,
+            };
+            (Some(load_mlp(ld, &base, h, intermediate)?), gate)
+        }
+    };
+    Ok(MoeBlock { router, experts, shared, shared_gate })
+}
+

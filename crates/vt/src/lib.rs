@@ -1,0 +1,20 @@
+//! vt: serve sparse mixture-of-experts language models (Qwen3.5/3.6-MoE, Laguna, Qwen3-MoE) from
+//! Hugging Face checkpoints. Pick a backend with a cargo feature: `cpu` (default) or `cuda`.
+//!
+//! ```no_run
+//! # fn main() -> vt::Result<()> {
+//! let backend = vt::CpuBackend::new();
+//! let model = vt::Model::load(&backend, std::path::Path::new("path/to/checkpoint"))?;
+//! let out = vt::generate(&model, &[1, 2, 3], &vt::GenerateOptions { max_new_tokens: 8, ..Default::default() })?;
+//! println!("{:?}", out.token_ids);
+//! # Ok(()) }
+//! ```
+
+mod generate;
+
+pub use generate::{generate, GenerateOptions, Generation};
+pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
+pub use vt_models::{Family, Logits, Model, ModelSpec, SeqState};
+
+#[cfg(feature = "cpu")]
+pub use vt_cpu::{AllocMode, CpuBackend};
