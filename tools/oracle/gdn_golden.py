@@ -71,6 +71,7 @@ def gdn_case(name, t, hk, hv, dk, dv, seed, big_a=()):
         "dims": {"t": t, "key_heads": hk, "value_heads": hv, "key_dim": dk, "value_dim": dv},
         "q": flat(q), "k": flat(k), "v": flat(v), "a": flat(a), "b": flat(b),
         "a_log": flat(a_log), "dt_bias": flat(dt_bias), "initial_state": flat(state0),
+        "g": flat(g), "beta": flat(beta),  # [t, value_heads], for checking the gate math alone
     }
     o, s = m.torch_chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, initial_state=state0.clone(), output_final_state=True,

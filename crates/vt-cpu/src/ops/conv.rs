@@ -114,7 +114,11 @@ pub fn causal_conv1d_silu(
             // Ascending i reads old column t + i > i before it is overwritten: safe in place.
             for i in 0..km1 {
                 let p = t + i;
-                st[i] = if p < km1 { st[p] } else { x[(p - km1) * c + ch] };
+                st[i] = if p < km1 {
+                    st[p]
+                } else {
+                    x[(p - km1) * c + ch]
+                };
             }
         }
     }
@@ -142,7 +146,10 @@ mod tests {
 
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     #[test]
@@ -184,7 +191,14 @@ mod tests {
         let mut st = vec![0.0; c * (k - 1)];
         let mut split = causal_conv1d_silu(&x[..5 * c], 5, c, &w, k, &mut st);
         for s in 5..t {
-            split.extend(causal_conv1d_silu(&x[s * c..(s + 1) * c], 1, c, &w, k, &mut st));
+            split.extend(causal_conv1d_silu(
+                &x[s * c..(s + 1) * c],
+                1,
+                c,
+                &w,
+                k,
+                &mut st,
+            ));
         }
         let d = max_abs_diff(&full, &split);
         eprintln!("conv split vs one pass: max abs diff {d:e}");
@@ -198,7 +212,14 @@ mod tests {
         let mut s = 0;
         while s < t {
             let n = 2.min(t - s);
-            split2.extend(causal_conv1d_silu(&x[s * c..(s + n) * c], n, c, &w, k, &mut st2));
+            split2.extend(causal_conv1d_silu(
+                &x[s * c..(s + n) * c],
+                n,
+                c,
+                &w,
+                k,
+                &mut st2,
+            ));
             s += n;
         }
         assert_eq!(max_abs_diff(&full, &split2), 0.0);
@@ -210,7 +231,8 @@ mod tests {
     #[test]
     fn matches_torch_golden() {
         let doc: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json")).expect("golden json");
+            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json"))
+                .expect("golden json");
         let floats = |v: &serde_json::Value, key: &str| -> Vec<f32> {
             v[key]
                 .as_array()
@@ -226,8 +248,14 @@ mod tests {
             let (t, c, k) = (dim("t"), dim("c"), dim("k"));
             let mut state = floats(case, "initial_state");
             let y = causal_conv1d_silu(&floats(case, "x"), t, c, &floats(case, "w"), k, &mut state);
-            let (eo, es) = (max_abs_diff(&y, &floats(case, "out")), max_abs_diff(&state, &floats(case, "state")));
-            eprintln!("conv golden {}: out max|diff| {eo:e}, state max|diff| {es:e}", case["name"]);
+            let (eo, es) = (
+                max_abs_diff(&y, &floats(case, "out")),
+                max_abs_diff(&state, &floats(case, "state")),
+            );
+            eprintln!(
+                "conv golden {}: out max|diff| {eo:e}, state max|diff| {es:e}",
+                case["name"]
+            );
             // A 4-term f32 dot product of O(1) values then silu: torch may sum the taps in another
             // order, so allow a few ulps of O(1). The state is a copy: exact.
             assert!(eo <= 1e-5, "conv golden: output diff {eo}");
