@@ -129,20 +129,7 @@ pub fn causal_conv1d_silu(
 mod tests {
     use super::*;
 
-    /// Small deterministic PRNG (xorshift64*), uniform in [-1, 1).
-    struct Rng(u64);
-    impl Rng {
-        fn next_f32(&mut self) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next_f32()).collect()
-        }
-    }
+    use super::super::test_rng::Rng;
 
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
@@ -181,8 +168,8 @@ mod tests {
     fn split_processing_matches_one_pass() {
         let (t, c, k) = (41usize, 7usize, 4usize);
         let mut rng = Rng(0x1234_5678_9abc_def1);
-        let x = rng.vec(t * c);
-        let w = rng.vec(c * k);
+        let x = rng.vec(t * c, 1.0);
+        let w = rng.vec(c * k, 1.0);
 
         let mut st_full = vec![0.0; c * (k - 1)];
         let full = causal_conv1d_silu(&x, t, c, &w, k, &mut st_full);

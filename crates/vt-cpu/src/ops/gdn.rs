@@ -29,6 +29,8 @@
 
 use rayon::prelude::*;
 
+use super::rows::dot;
+
 /// Token count per chunk in the chunked form (HF's `chunk_size` default, and FLA's).
 pub const GDN_CHUNK: usize = 64;
 
@@ -78,26 +80,6 @@ fn gate(neg_a: f32, a: f32, b: f32, dt_bias: f32) -> (f32, f32) {
     (neg_a * softplus(a + dt_bias), sigmoid(b))
 }
 
-/// Dot product with 8 independent partial sums, so LLVM can vectorise the f32 reduction (a single
-/// running sum is a serial dependency chain it may not reorder). Torch's reductions are blocked
-/// too; the exact order differs from torch's only in the last bits.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0.0f32; 8];
-    let (a8, ar) = a.split_at(a.len() - a.len() % 8);
-    let (b8, br) = b.split_at(a8.len());
-    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
-}
 
 /// `y += alpha * x` (vectorises as written).
 #[inline]
@@ -584,20 +566,7 @@ fn debug_check(
 mod tests {
     use super::*;
 
-    /// Small deterministic PRNG (xorshift64*), uniform in [-1, 1).
-    struct Rng(u64);
-    impl Rng {
-        fn next_f32(&mut self) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.next_f32() * scale).collect()
-        }
-    }
+    use super::super::test_rng::Rng;
 
     struct Case {
         d: GdnDims,

@@ -8,3 +8,5 @@ pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod rows;
+#[cfg(test)]
+mod test_rng;
