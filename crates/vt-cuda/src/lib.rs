@@ -1,2 +1,32 @@
-//! vt-cuda: the CUDA backend. Not yet implemented: this crate is a compiling placeholder so the
-//! workspace layering is in place; see the CUDA backend issue.
+//! vt-cuda: the CUDA backend on cudarc. Activations are bf16, accumulation f32, the gated delta
+//! rule's state f32; bf16 GEMMs go through cuBLASLt, everything else through the kernels of
+//! `kernels/*.cu` (NVRTC at backend start). Weights stay in their stored form: NVFP4 is computed
+//! from the packed codes (W4A16). Every buffer comes from an accounted allocator with an optional
+//! placement-arena mode (`alloc.rs`).
+//!
+//! The crate is empty without the `cuda` feature, so the workspace builds with no CUDA at all;
+//! with it, cudarc loads libcuda, libnvrtc and libcublasLt at run time.
+
+#[cfg(feature = "cuda")]
+mod alloc;
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+mod blas;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod kv;
+#[cfg(feature = "cuda")]
+mod moe;
+#[cfg(feature = "cuda")]
+mod weight;
+
+#[cfg(feature = "cuda")]
+pub use alloc::{AllocMode, CudaBuffer};
+#[cfg(feature = "cuda")]
+pub use backend::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use kv::CudaKvCache;
+#[cfg(feature = "cuda")]
+pub use moe::CudaExpertTable;

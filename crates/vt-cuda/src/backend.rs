@@ -1,0 +1,569 @@
+//! `CudaBackend`: the Backend trait on one CUDA device and one stream per backend instance.
+//!
+//! Every op queues work on the stream and returns at once; only `to_f32` waits (logits come back
+//! once per step). Kernel arguments are device addresses (`u64`), `i32`/`i64` counts and `f32`
+//! scalars, in the order of each kernel's C signature (quoted at every launch).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use half::bf16;
+use vt_core::{
+    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind,
+    Result, Rope, Router, Tensor, Weight,
+};
+
+use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
+use crate::blas::Gemm;
+use crate::kernels::Kernels;
+use crate::kv::CudaKvCache;
+use crate::weight::{float_code, WeightDesc};
+
+/// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// Largest head dimension of the attention kernel (`ATT_MAX_D`), conv taps (`CONV_MAX_K`), rotary
+/// frequencies (`RopeFreqs`) and top-k (`MOE_MAX_K`) in kernels/*.cu.
+pub(crate) const MAX_HEAD_DIM: usize = 256;
+const MAX_CONV_TAPS: usize = 16;
+const MAX_ROPE_FREQS: usize = 128;
+pub(crate) const MAX_TOP_K: usize = 32;
+/// Dynamic shared memory a kernel may use without opting in (48 KiB).
+pub(crate) const MAX_SHARED: usize = 48 << 10;
+
+struct Inner {
+    id: u64,
+    kernels: Kernels,
+    gemm: Gemm,
+    alloc: Arc<Allocator>,
+}
+
+/// The CUDA backend. Clones share one device context, stream, allocator and kernels.
+#[derive(Clone)]
+pub struct CudaBackend {
+    inner: Arc<Inner>,
+}
+
+pub(crate) fn err(reason: impl Into<String>) -> Error {
+    Error::backend("cuda", reason)
+}
+
+pub(crate) fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(err(format!("{op}: {}", what())))
+    }
+}
+
+pub(crate) fn launched<T>(r: std::result::Result<T, DriverError>, kernel: &str) -> Result<()> {
+    r.map(|_| ()).map_err(|e| driver_err(&format!("launching {kernel}"), e))
+}
+
+/// `n` threads in blocks of 256.
+pub(crate) fn grid1(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit the kernels' 32-bit counts")))
+}
+
+/// Device address of a bf16 activation, or an error naming the op.
+pub(crate) fn act(t: &Tensor<CudaBackend>, op: &str) -> Result<u64> {
+    check(t.dtype() == DType::BF16, op, || format!("expected a BF16 activation, found {} {:?}", t.dtype(), t.shape()))?;
+    Ok(t.buffer().ptr())
+}
+
+fn dims3(t: &Tensor<CudaBackend>, op: &str) -> Result<(usize, usize, usize)> {
+    match *t.shape() {
+        [a, b, c] => Ok((a, b, c)),
+        _ => Err(err(format!("{op}: expected a [tokens, heads, dim] tensor, found {:?}", t.shape()))),
+    }
+}
+
+fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if let Some(l) = s.last_mut() {
+        *l = last;
+    }
+    s
+}
+
+impl CudaBackend {
+    /// A backend on device 0 with the system allocator.
+    pub fn new() -> Result<Self> {
+        Self::with_mode(AllocMode::System)
+    }
+
+    /// A backend on device 0: its own stream, allocator (in `mode`) and freshly compiled kernels.
+    pub fn with_mode(mode: AllocMode) -> Result<Self> {
+        let ctx = CudaContext::new(0).map_err(|e| driver_err("opening CUDA device 0", e))?;
+        let stream = ctx.new_stream().map_err(|e| driver_err("creating a stream", e))?;
+        let alloc = Arc::new(Allocator::new(mode, stream));
+        let kernels = Kernels::load(&ctx)?;
+        let gemm = Gemm::new(&alloc)?;
+        let id = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
+        Ok(CudaBackend { inner: Arc::new(Inner { id, kernels, gemm, alloc }) })
+    }
+
+    pub fn alloc_mode(&self) -> AllocMode {
+        self.inner.alloc.mode()
+    }
+
+    pub(crate) fn k(&self) -> &Kernels {
+        &self.inner.kernels
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.alloc.stream()
+    }
+
+    pub(crate) fn alloc(&self) -> &Arc<Allocator> {
+        &self.inner.alloc
+    }
+
+    /// Waits for every op queued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream().synchronize().map_err(|e| driver_err("synchronize", e))
+    }
+
+    /// `(free, total)` device bytes as the driver reports them (`cuMemGetInfo`).
+    pub fn device_memory(&self) -> Result<(usize, usize)> {
+        self.stream().context().mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
+    }
+
+    pub(crate) fn buffer(&self, len: usize) -> Result<CudaBuffer> {
+        CudaBuffer::new(&self.inner.alloc, len)
+    }
+
+    /// An uninitialised tensor the next kernel fills.
+    pub(crate) fn empty(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
+        let n: usize = shape.iter().product();
+        let bytes = dtype.bytes_for(n).ok_or_else(|| err(format!("{dtype} {shape:?} has no byte size")))?;
+        Ok(Tensor::from_parts(self.buffer(bytes)?, dtype, shape.to_vec()))
+    }
+
+    fn zeroed(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
+        let t = self.empty(dtype, shape)?;
+        // SAFETY: the block holds `len` bytes; the memset is ordered on our stream.
+        unsafe { result::memset_d8_async(t.buffer().ptr(), 0, t.buffer().len(), self.stream().cu_stream()) }
+            .map_err(|e| driver_err("memset", e))?;
+        Ok(t)
+    }
+
+    fn copy_in<T>(&self, dst: &CudaBuffer, src: &[T]) -> Result<()> {
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: `dst` holds `size_of_val(src)` bytes (callers size it so); a pageable source is
+        // staged before the call returns, so `src` may go away afterwards.
+        unsafe { result::memcpy_htod_async(dst.ptr(), src, self.stream().cu_stream()) }
+            .map_err(|e| driver_err("host-to-device copy", e))
+    }
+
+    /// A small host array (ids, tables) in device memory.
+    pub(crate) fn upload_slice<T>(&self, src: &[T]) -> Result<CudaBuffer> {
+        let buf = self.buffer(std::mem::size_of_val(src))?;
+        self.copy_in(&buf, src)?;
+        Ok(buf)
+    }
+
+    /// Elementwise `out = f(a, b)` over bf16 tensors of one shape (add, swiglu).
+    fn binary(&self, a: &Tensor<Self>, b: &Tensor<Self>, op: &str) -> Result<Tensor<Self>> {
+        check(a.shape() == b.shape(), op, || format!("{:?} vs {:?}", a.shape(), b.shape()))?;
+        let (pa, pb) = (act(a, op)?, act(b, op)?);
+        let out = self.empty(DType::BF16, a.shape())?;
+        let (po, n) = (out.buffer().ptr(), a.numel() as i64);
+        let f = if op == "add" { &self.k().add } else { &self.k().swiglu };
+        let mut l = self.stream().launch_builder(f);
+        l.arg(&po).arg(&pa).arg(&pb).arg(&n);
+        // SAFETY: add/swiglu(bf16* out, const bf16* a, const bf16* b, long long n); all three
+        // hold n bf16 values (same shape, checked).
+        launched(unsafe { l.launch(grid1(a.numel())) }, op)?;
+        Ok(out)
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+    type KvCache = CudaKvCache;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn instance_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn activation_dtype(&self) -> DType {
+        DType::BF16
+    }
+
+    fn memory(&self) -> MemoryStats {
+        self.inner.alloc.stats()
+    }
+
+    fn buffer_addr(&self, buf: &CudaBuffer) -> usize {
+        buf.ptr() as usize
+    }
+
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
+        let numel: usize = shape.iter().product();
+        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || {
+            format!("{} bytes do not hold {dtype} {shape:?}", bytes.len())
+        })?;
+        Ok(Tensor::from_parts(self.upload_slice(bytes)?, dtype, shape.to_vec()))
+    }
+
+    fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
+        check(shape.iter().product::<usize>() == data.len(), "from_f32", || {
+            format!("{} values for shape {shape:?}", data.len())
+        })?;
+        let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(Tensor::from_parts(self.upload_slice(&host)?, DType::BF16, shape.to_vec()))
+    }
+
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        self.zeroed(DType::F32, shape)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        self.zeroed(DType::BF16, shape)
+    }
+
+    fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
+        check(t.dtype().is_float(), "to_f32", || format!("expected a float tensor, found {}", t.dtype()))?;
+        let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: the buffer holds exactly `bytes.len()` bytes; we wait for the copy below.
+        unsafe { result::memcpy_dtoh_async(&mut bytes, t.buffer().ptr(), self.stream().cu_stream()) }
+            .map_err(|e| driver_err("device-to-host copy", e))?;
+        self.synchronize()?;
+        let mut out = vec![0.0; t.numel()];
+        vt_core::dtype::decode_into(t.dtype(), &bytes, &mut out);
+        Ok(out)
+    }
+
+    fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
+        let [vocab, hidden] = *table.shape() else {
+            return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
+        };
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(err(format!("embedding: token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        let dt = float_code(table, "embedding")?;
+        let dev_ids = self.upload_slice(ids)?;
+        let out = self.empty(DType::BF16, &[ids.len(), hidden])?;
+        let (po, pt, pi, h) = (out.buffer().ptr(), table.buffer().ptr(), dev_ids.ptr(), i32_of(hidden, "hidden")?);
+        let mut l = self.stream().launch_builder(&self.k().embedding);
+        l.arg(&po).arg(&pt).arg(&dt).arg(&pi).arg(&h);
+        let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden):
+        // one block per id, every id < vocab (checked), out holds ids.len() * hidden values.
+        launched(unsafe { l.launch(cfg) }, "embedding")?;
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &Tensor<Self>, w: &Tensor<Self>, eps: f32, kind: NormKind) -> Result<Tensor<Self>> {
+        let d = x.last_dim();
+        check(w.numel() == d, "rms_norm", || format!("input {:?} vs weight {:?}", x.shape(), w.shape()))?;
+        let (px, pw, wdt) = (act(x, "rms_norm")?, w.buffer().ptr(), float_code(w, "rms_norm")?);
+        let offset: f32 = match kind {
+            NormKind::Plain => 0.0,
+            NormKind::UnitOffset => 1.0,
+        };
+        let out = self.empty(DType::BF16, x.shape())?;
+        let (po, di) = (out.buffer().ptr(), i32_of(d, "norm width")?);
+        let mut l = self.stream().launch_builder(&self.k().rms_norm);
+        l.arg(&po).arg(&px).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
+        let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps,
+        // float offset): one block per row of d values; w holds d values of dtype wdt.
+        launched(unsafe { l.launch(cfg) }, "rms_norm")?;
+        Ok(out)
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>> {
+        let d = x.last_dim();
+        check(w.numel() == d && z.numel() == x.numel(), "rms_norm_gated", || {
+            format!("input {:?}, gate {:?}, weight {:?}", x.shape(), z.shape(), w.shape())
+        })?;
+        let (px, pz, pw, wdt) =
+            (act(x, "rms_norm_gated")?, act(z, "rms_norm_gated")?, w.buffer().ptr(), float_code(w, "rms_norm_gated")?);
+        let out = self.empty(DType::BF16, x.shape())?;
+        let (po, di) = (out.buffer().ptr(), i32_of(d, "norm width")?);
+        let mut l = self.stream().launch_builder(&self.k().rms_norm_gated);
+        l.arg(&po).arg(&px).arg(&pz).arg(&pw).arg(&wdt).arg(&di).arg(&eps);
+        let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt,
+        // int d, float eps): one block per row; x, z, out hold rows * d values, w holds d.
+        launched(unsafe { l.launch(cfg) }, "rms_norm_gated")?;
+        Ok(out)
+    }
+
+    fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>> {
+        let (n, k) = w.weight.dims();
+        check(x.last_dim() == k, "linear", || format!("input {:?} vs weight [{n}, {k}]", x.shape()))?;
+        let (px, t) = (act(x, "linear")?, x.rows());
+        let out = self.empty(DType::BF16, &with_last(x.shape(), n))?;
+        let py = out.buffer().ptr();
+        if let Weight::Dense(wt) = &w.weight {
+            if wt.dtype() == DType::BF16 {
+                // SAFETY: x holds t * k, the weight n * k and out t * n bf16 values, all alive
+                // until the stream runs the GEMM (buffers free in stream order).
+                unsafe { self.inner.gemm.bf16_xwt(self.stream(), px, wt.buffer().ptr(), py, t, n, k)? };
+                return Ok(out);
+            }
+        }
+        let desc = WeightDesc::of(&w.weight, "linear")?;
+        check(k * 4 <= MAX_SHARED && n.div_ceil(8) <= 65535, "linear", || {
+            format!("weight [{n}, {k}] exceeds the simple kernel's limits")
+        })?;
+        let ni = i32_of(n, "linear outputs")?;
+        let mut l = self.stream().launch_builder(&self.k().linear_rows);
+        l.arg(&py).arg(&px).arg(&desc).arg(&ni);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, n.div_ceil(8) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (k * 4) as u32,
+        };
+        // SAFETY: linear_rows(bf16* y, const bf16* x, WeightDesc w, int n): grid (t, n/8), k f32
+        // of shared memory; desc describes the live [n, k] weight (validated at load).
+        launched(unsafe { l.launch(cfg) }, "linear_rows")?;
+        Ok(out)
+    }
+
+    fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
+        self.binary(a, b, "add")
+    }
+
+    fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
+        self.binary(gate, up, "swiglu")
+    }
+
+    fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act_kind: GateAct) -> Result<Tensor<Self>> {
+        let (rows, width) = (x.rows(), x.last_dim());
+        let groups = g.numel() / rows.max(1);
+        check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || {
+            format!("gate {:?} does not fit input {:?}", g.shape(), x.shape())
+        })?;
+        let (px, pg) = (act(x, "gate")?, act(g, "gate")?);
+        let out = self.empty(DType::BF16, x.shape())?;
+        let (po, n, per) = (out.buffer().ptr(), x.numel() as i64, i32_of(width / groups, "gate group")?);
+        let a: i32 = match act_kind {
+            GateAct::Sigmoid => 0,
+            GateAct::Softplus => 1,
+        };
+        let mut l = self.stream().launch_builder(&self.k().gate);
+        l.arg(&po).arg(&px).arg(&pg).arg(&n).arg(&per).arg(&a);
+        // SAFETY: gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act):
+        // x and out hold n values, g holds n / per (checked above).
+        launched(unsafe { l.launch(grid1(x.numel())) }, "gate")?;
+        Ok(out)
+    }
+
+    fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        let width = x.last_dim();
+        check(start + len <= width, "narrow_cols", || format!("columns {start}..{} of {:?}", start + len, x.shape()))?;
+        let px = act(x, "narrow_cols")?;
+        let out = self.empty(DType::BF16, &with_last(x.shape(), len))?;
+        let (po, rows, w, s, n) =
+            (out.buffer().ptr(), x.rows() as i64, i32_of(width, "width")?, start as i32, len as i32);
+        let mut l = self.stream().launch_builder(&self.k().narrow_cols);
+        l.arg(&po).arg(&px).arg(&rows).arg(&w).arg(&s).arg(&n);
+        // SAFETY: narrow_cols(bf16* out, const bf16* x, long long rows, int width, int start,
+        // int len): start + len <= width (checked); out holds rows * len values.
+        launched(unsafe { l.launch(grid1(x.rows() * len)) }, "narrow_cols")?;
+        Ok(out)
+    }
+
+    fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        let width = x.last_dim();
+        check(start + len <= x.rows(), "slice_rows", || format!("rows {start}..{} of {:?}", start + len, x.shape()))?;
+        let px = act(x, "slice_rows")?;
+        let out = self.empty(DType::BF16, &[len, width])?;
+        let bytes = len * width * 2;
+        // SAFETY: the source range lies inside x (checked), out holds `bytes`; stream-ordered.
+        unsafe {
+            result::memcpy_dtod_async(
+                out.buffer().ptr(),
+                px + (start * width * 2) as u64,
+                bytes,
+                self.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("slice_rows copy", e))?;
+        Ok(out)
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
+        let width = parts.first().map_or(0, |p| p.last_dim());
+        let mut rows = 0;
+        for p in parts {
+            act(p, "concat_rows")?;
+            check(p.last_dim() == width, "concat_rows", || format!("width {} differs from {width}", p.last_dim()))?;
+            rows += p.rows();
+        }
+        let out = self.empty(DType::BF16, &[rows, width])?;
+        let mut at = out.buffer().ptr();
+        for p in parts {
+            let bytes = p.numel() * 2;
+            // SAFETY: `out` holds the sum of the parts' bytes; each copy lands in its own range;
+            // stream-ordered after the kernels that wrote the parts.
+            unsafe { result::memcpy_dtod_async(at, p.buffer().ptr(), bytes, self.stream().cu_stream()) }
+                .map_err(|e| driver_err("concat_rows copy", e))?;
+            at += bytes as u64;
+        }
+        Ok(out)
+    }
+
+    fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
+        let (t, heads, dim) = dims3(x, "rope")?;
+        let half = rope.inv_freq.len();
+        check(2 * half <= dim && half <= MAX_ROPE_FREQS, "rope", || {
+            format!("rotary dim {} with head dim {dim}", 2 * half)
+        })?;
+        let px = act(x, "rope")?;
+        let mut freqs = [0.0f32; MAX_ROPE_FREQS];
+        freqs[..half].copy_from_slice(&rope.inv_freq);
+        let out = self.empty(DType::BF16, x.shape())?;
+        let po = out.buffer().ptr();
+        let (ti, hi, di, si, hf) =
+            (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?, half as i32);
+        let mut l = self.stream().launch_builder(&self.k().rope);
+        l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&hf).arg(&freqs).arg(&rope.attention_scaling);
+        // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, int half,
+        // RopeFreqs inv (float[128] by value), float scaling): x and out hold t * heads * d values.
+        launched(unsafe { l.launch(grid1(x.numel())) }, "rope")?;
+        Ok(out)
+    }
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
+        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cache: &mut CudaKvCache,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        crate::kv::attention(self, q, k, v, cache, params)
+    }
+
+    fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
+        let [channels, kernel] = *w.shape() else {
+            return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
+        };
+        check(
+            x.last_dim() == channels
+                && (1..=MAX_CONV_TAPS).contains(&kernel)
+                && state.shape() == [channels, kernel - 1]
+                && state.dtype() == DType::BF16,
+            "causal_conv1d",
+            || format!("input {:?}, weight {:?}, state {} {:?}", x.shape(), w.shape(), state.dtype(), state.shape()),
+        )?;
+        let (px, pw, wdt, ps) =
+            (act(x, "causal_conv1d")?, w.buffer().ptr(), float_code(w, "causal_conv1d")?, state.buffer().ptr());
+        let out = self.empty(DType::BF16, x.shape())?;
+        let (po, t, c, kk) =
+            (out.buffer().ptr(), i32_of(x.rows(), "tokens")?, i32_of(channels, "channels")?, kernel as i32);
+        let mut l = self.stream().launch_builder(&self.k().causal_conv1d);
+        l.arg(&po).arg(&px).arg(&pw).arg(&wdt).arg(&ps).arg(&t).arg(&c).arg(&kk);
+        // SAFETY: causal_conv1d(bf16* out, const bf16* x, const void* w, int wdt, bf16* state,
+        // int t, int c, int k): one thread per channel; x/out [t, c], w [c, k], state [c, k-1]
+        // bf16 (checked), k <= CONV_MAX_K.
+        launched(unsafe { l.launch(grid1(channels)) }, "causal_conv1d")?;
+        Ok(out)
+    }
+
+    /// Both modes run the token-by-token kernel on the GPU (the same arithmetic as the chunked
+    /// form up to f32 rounding); a chunked kernel is later work.
+    fn gated_delta_rule(
+        &self,
+        inp: &GdnInputs<'_, Self>,
+        state: &mut Tensor<Self>,
+        _mode: GdnMode,
+    ) -> Result<Tensor<Self>> {
+        let op = "gated_delta_rule";
+        let (t, key_heads, key_dim) = dims3(inp.q, op)?;
+        let (tv, value_heads, value_dim) = dims3(inp.v, op)?;
+        check(
+            inp.k.shape() == inp.q.shape()
+                && tv == t
+                && key_heads > 0
+                && value_heads % key_heads == 0
+                && inp.a.numel() == t * value_heads
+                && inp.b.numel() == t * value_heads
+                && inp.a_log.numel() == value_heads
+                && inp.dt_bias.numel() == value_heads
+                && state.shape() == [value_heads, key_dim, value_dim]
+                && state.dtype() == DType::F32
+                && value_dim <= 1024
+                && key_dim * 8 <= MAX_SHARED,
+            op,
+            || {
+                format!(
+                    "q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {} {:?}",
+                    inp.q.shape(),
+                    inp.k.shape(),
+                    inp.v.shape(),
+                    inp.a.shape(),
+                    inp.b.shape(),
+                    state.dtype(),
+                    state.shape()
+                )
+            },
+        )?;
+        let (pq, pk, pv, pa, pb) =
+            (act(inp.q, op)?, act(inp.k, op)?, act(inp.v, op)?, act(inp.a, op)?, act(inp.b, op)?);
+        let (pal, al_dt, pdt, dt_dt) = (
+            inp.a_log.buffer().ptr(),
+            float_code(inp.a_log, op)?,
+            inp.dt_bias.buffer().ptr(),
+            float_code(inp.dt_bias, op)?,
+        );
+        let ps = state.buffer().ptr();
+        let out = self.empty(DType::BF16, &[t, value_heads, value_dim])?;
+        let po = out.buffer().ptr();
+        let (ti, kh, vh, dk, dv) =
+            (i32_of(t, "tokens")?, key_heads as i32, value_heads as i32, key_dim as i32, value_dim as i32);
+        let mut l = self.stream().launch_builder(&self.k().gdn_recurrent);
+        l.arg(&po)
+            .arg(&pq)
+            .arg(&pk)
+            .arg(&pv)
+            .arg(&pa)
+            .arg(&pb)
+            .arg(&pal)
+            .arg(&al_dt)
+            .arg(&pdt)
+            .arg(&dt_dt)
+            .arg(&ps)
+            .arg(&ti)
+            .arg(&kh)
+            .arg(&vh)
+            .arg(&dk)
+            .arg(&dv);
+        let threads = value_dim.max(1).next_multiple_of(32) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (value_heads as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: (key_dim * 8) as u32,
+        };
+        // SAFETY: gdn_recurrent(bf16* out, q, k, v, a, b, const void* a_log, int, const void*
+        // dt_bias, int, float* state, int t, int key_heads, int value_heads, int dk, int dv): one
+        // block per value head with >= dv threads and 2 * dk floats of shared memory; every
+        // tensor's shape was checked against t, the head counts and dims above.
+        launched(unsafe { l.launch(cfg) }, "gdn_recurrent")?;
+        Ok(out)
+    }
+
+    fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
+        crate::moe::moe(self, x, router, experts)
+    }
+}

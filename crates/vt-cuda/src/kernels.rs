@@ -1,0 +1,54 @@
+//! The kernels of `kernels/*.cu`, compiled by NVRTC for the device's architecture when a backend
+//! starts. Each file is compiled as `common.cuh` + the file with the options below;
+//! tools/gpu/check_kernels.py compiles them the same way in CI, without a GPU.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use vt_core::{Error, Result};
+
+use crate::alloc::driver_err;
+
+const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+fn compile(ctx: &Arc<CudaContext>, arch: &str, file: &str, src: &str) -> Result<Arc<CudaModule>> {
+    // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`).
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
+        name: Some(file.into()),
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
+        .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))?;
+    ctx.load_module(ptx).map_err(|e| driver_err(&format!("loading kernels/{file}"), e))
+}
+
+macro_rules! kernels {
+    ($($file:literal => [$($name:ident),* $(,)?]),* $(,)?) => {
+        /// Every kernel function, by its `extern "C"` name.
+        pub struct Kernels {
+            $($(pub $name: CudaFunction,)*)*
+        }
+
+        impl Kernels {
+            pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+                let (major, minor) = ctx.compute_capability().map_err(|e| driver_err("compute capability", e))?;
+                let arch = format!("sm_{major}{minor}");
+                $(
+                    let module = compile(ctx, &arch, $file, include_str!(concat!("../../../kernels/", $file)))?;
+                    $(let $name = module.load_function(stringify!($name)).map_err(|e| driver_err(concat!("kernel ", stringify!($name)), e))?;)*
+                )*
+                Ok(Kernels { $($($name,)*)* })
+            }
+        }
+    };
+}
+
+kernels! {
+    "elementwise.cu" => [embedding, rms_norm, rms_norm_gated, add, swiglu, gate, narrow_cols, rope],
+    "linear.cu" => [linear_rows, interleave_rows],
+    "attention.cu" => [kv_append, attention],
+    "gdn.cu" => [causal_conv1d, gdn_recurrent],
+    "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
+}

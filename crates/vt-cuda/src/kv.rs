@@ -1,0 +1,163 @@
+//! One attention layer's bf16 keys and values for one sequence, in device memory.
+//!
+//! Full attention keeps position p in row p and grows by doubling; a sliding-window layer keeps a
+//! ring of `window` rows (position p in row p % window), so it never grows past the window.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, LaunchConfig, PushKernelArg};
+use vt_core::{AttentionParams, DType, Result, Tensor};
+
+use crate::alloc::{driver_err, Allocator, CudaBuffer};
+use crate::backend::{act, check, err, grid1, i32_of, launched, MAX_HEAD_DIM};
+use crate::CudaBackend;
+
+pub struct CudaKvCache {
+    alloc: Arc<Allocator>,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) window: Option<usize>,
+    k: Option<CudaBuffer>,
+    v: Option<CudaBuffer>,
+    /// Rows the buffers hold.
+    capacity: usize,
+    /// Positions seen so far.
+    pub(crate) len: usize,
+}
+
+impl CudaKvCache {
+    pub(crate) fn new(alloc: Arc<Allocator>, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
+        CudaKvCache { alloc, kv_heads, head_dim, window, k: None, v: None, capacity: 0, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows of device memory held (the window for a sliding layer, at most).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.kv_heads * self.head_dim * 2
+    }
+
+    /// Makes room for `len + t` positions; returns the (keys, values) device addresses.
+    pub(crate) fn reserve(&mut self, t: usize) -> Result<(u64, u64)> {
+        let rows = self.len + t;
+        let grow = match self.window {
+            Some(_) => self.k.is_none(),
+            None => rows > self.capacity,
+        };
+        if grow {
+            let cap = match self.window {
+                Some(w) => w,
+                None => rows.max(self.capacity * 2).max(16),
+            };
+            let k = CudaBuffer::new(&self.alloc, cap * self.row_bytes())?;
+            let v = CudaBuffer::new(&self.alloc, cap * self.row_bytes())?;
+            if let (Some(ok), Some(ov)) = (&self.k, &self.v) {
+                let used = self.capacity * self.row_bytes();
+                for (dst, src) in [(&k, ok), (&v, ov)] {
+                    // SAFETY: both blocks hold at least `used` bytes; the copy is ordered on the
+                    // backend's stream before the old block can be reused.
+                    unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), used, self.alloc.stream().cu_stream()) }
+                        .map_err(|e| driver_err("growing a KV cache", e))?;
+                }
+            }
+            self.k = Some(k);
+            self.v = Some(v);
+            self.capacity = cap;
+        }
+        let (k, v) = (self.k.as_ref().expect("reserved"), self.v.as_ref().expect("reserved"));
+        Ok((k.ptr(), v.ptr()))
+    }
+}
+
+/// Causal GQA attention of `q` over the cache and this call's `k`, `v`, then appends them.
+pub(crate) fn attention(
+    b: &CudaBackend,
+    q: &Tensor<CudaBackend>,
+    k: &Tensor<CudaBackend>,
+    v: &Tensor<CudaBackend>,
+    cache: &mut CudaKvCache,
+    p: &AttentionParams,
+) -> Result<Tensor<CudaBackend>> {
+    let op = "attention";
+    let [t, q_heads, head_dim] = *q.shape() else {
+        return Err(err(format!("{op}: q must be [tokens, heads, dim], found {:?}", q.shape())));
+    };
+    check(
+        k.shape() == [t, cache.kv_heads, cache.head_dim]
+            && v.shape() == k.shape()
+            && head_dim == cache.head_dim
+            && head_dim <= MAX_HEAD_DIM
+            && cache.kv_heads > 0
+            && q_heads % cache.kv_heads == 0
+            && p.window == cache.window,
+        op,
+        || {
+            format!(
+                "q {:?}, k {:?}, v {:?} with a cache of {} heads x {} (window {:?}, asked {:?})",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                cache.kv_heads,
+                cache.head_dim,
+                cache.window,
+                p.window
+            )
+        },
+    )?;
+    let (pq, pk, pv) = (act(q, op)?, act(k, op)?, act(v, op)?);
+    let start = cache.len;
+    let (kc, vc) = cache.reserve(t)?;
+    let out = b.empty(DType::BF16, q.shape())?;
+    let po = out.buffer().ptr();
+    let window = i32_of(p.window.unwrap_or(0), "window")?;
+    let (ti, hq, hkv, d, s) = (
+        i32_of(t, "tokens")?,
+        i32_of(q_heads, "heads")?,
+        cache.kv_heads as i32,
+        head_dim as i32,
+        i32_of(start, "position")?,
+    );
+    let mut l = b.stream().launch_builder(&b.k().attention);
+    l.arg(&po)
+        .arg(&pq)
+        .arg(&pk)
+        .arg(&pv)
+        .arg(&kc)
+        .arg(&vc)
+        .arg(&ti)
+        .arg(&hq)
+        .arg(&hkv)
+        .arg(&d)
+        .arg(&s)
+        .arg(&window)
+        .arg(&p.scale);
+    let cfg = LaunchConfig {
+        grid_dim: ((t * q_heads).div_ceil(4) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: attention(bf16* out, q, k, v, const bf16* kc, const bf16* vc, int t, int q_heads,
+    // int kv_heads, int d, int start, int window, float scale): one warp per (token, head); q/out
+    // [t, q_heads, d], k/v [t, kv_heads, d] (checked); the cache holds every position before
+    // `start` that a query can see (all of them, or the last window - 1 in the ring).
+    launched(unsafe { l.launch(cfg) }, "attention")?;
+    let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
+    let mut l = b.stream().launch_builder(&b.k().kv_append);
+    l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&window);
+    // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,
+    // int start, int window): writes rows start..start+t (mod window) of a cache reserved for
+    // them; queued after the attention kernel, which reads the rows it may overwrite.
+    launched(unsafe { l.launch(grid1(t * cache.kv_heads * head_dim)) }, "kv_append")?;
+    cache.len += t;
+    Ok(out)
+}

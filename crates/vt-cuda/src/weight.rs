@@ -1,0 +1,59 @@
+//! How kernels see a weight: `WeightDesc`, the `#[repr(C)]` twin of `struct WeightDesc` in
+//! kernels/common.cuh, passed by value or stored in device tables.
+
+use cudarc::driver::DeviceRepr;
+use vt_core::{DType, Error, Result, Tensor, Weight};
+
+use crate::CudaBackend;
+
+/// Dtype codes of kernels/common.cuh (`DT_*`).
+pub const DT_F32: i32 = 0;
+pub const DT_BF16: i32 = 1;
+pub const DT_F16: i32 = 2;
+pub const DT_NVFP4: i32 = 3;
+
+/// The kernels' code for a float tensor's dtype.
+pub fn float_code(t: &Tensor<CudaBackend>, op: &str) -> Result<i32> {
+    match t.dtype() {
+        DType::F32 => Ok(DT_F32),
+        DType::BF16 => Ok(DT_BF16),
+        DType::F16 => Ok(DT_F16),
+        other => Err(Error::backend("cuda", format!("{op}: expected an f32/bf16/f16 tensor, found {other}"))),
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WeightDesc {
+    pub data: u64,
+    /// NVFP4 block scales (0 for dense weights).
+    pub scales: u64,
+    /// NVFP4 multiplier of even and odd rows (fused gate/up pairs keep each half's own).
+    pub global: [f32; 2],
+    pub kind: i32,
+    /// Inputs per row.
+    pub k: i32,
+}
+
+// SAFETY: `WeightDesc` is `#[repr(C)]` plain data laid out exactly as the CUDA struct
+// (u64, u64, float[2], int, int: 32 bytes, 8-byte aligned, no padding).
+unsafe impl DeviceRepr for WeightDesc {}
+
+impl WeightDesc {
+    pub fn of(w: &Weight<CudaBackend>, op: &str) -> Result<Self> {
+        let k = w.dims().1;
+        let k = i32::try_from(k).map_err(|_| Error::backend("cuda", format!("{op}: {k} inputs per row")))?;
+        Ok(match w {
+            Weight::Dense(t) => {
+                WeightDesc { data: t.buffer().ptr(), scales: 0, global: [1.0; 2], kind: float_code(t, op)?, k }
+            }
+            Weight::Nvfp4(q) => WeightDesc {
+                data: q.codes.buffer().ptr(),
+                scales: q.scales.buffer().ptr(),
+                global: [q.global_scale; 2],
+                kind: DT_NVFP4,
+                k,
+            },
+        })
+    }
+}

@@ -1,0 +1,60 @@
+// Causal (optionally sliding-window) GQA attention over a bf16 KV cache.
+//
+// Cache rows are `kv_heads * d` bf16. A full-attention cache keeps position p in row p; a
+// sliding-window cache is a ring of `window` rows (position p in row p % window). The attention
+// kernel reads positions before `start` from the cache and this call's own keys from `k`/`v`, so
+// a ring never has to hold more than the window; `kv_append` runs after it on the same stream.
+
+#define ATT_MAX_D 256
+
+// Writes this call's last min(t, window) positions (all t without a window) into the cache.
+extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row, int start, int window) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)t * row) return;
+    int tok = (int)(i / row), c = (int)(i % row);
+    if (window > 0 && tok < t - window) return;
+    long long pos = start + tok;
+    long long slot = window > 0 ? pos % window : pos;
+    kc[slot * row + c] = k[i];
+    vc[slot * row + c] = v[i];
+}
+
+// One warp per (query token, query head), online softmax in f32. Block: 128 threads (4 warps);
+// grid covers t * q_heads warps. window 0 = none. d <= ATT_MAX_D.
+extern "C" __global__ void attention(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
+                                     int t, int q_heads, int kv_heads, int d, int start, int window, float scale) {
+    int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (w >= t * q_heads) return;
+    int tok = w / q_heads, h = w % q_heads, kvh = h / (q_heads / kv_heads);
+    int row = kv_heads * d, per = (d + 31) / 32;
+    float qv[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
+    for (int m = 0; m < per; m++) {
+        int j = lane + 32 * m;
+        qv[m] = j < d ? bf2f(q[((long long)tok * q_heads + h) * d + j]) : 0.0f;
+        acc[m] = 0.0f;
+    }
+    int pos = start + tok;
+    int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    float mx = __int_as_float(0xff800000), l = 0.0f;
+    for (int p = lo; p <= pos; p++) {
+        const bf16 *kr, *vr;
+        if (p >= start) {
+            long long off = (long long)(p - start) * row + kvh * d;
+            kr = k + off; vr = v + off;
+        } else {
+            long long off = (long long)(window > 0 ? p % window : p) * row + kvh * d;
+            kr = kc + off; vr = vc + off;
+        }
+        float s = 0.0f;
+        for (int m = 0; m < per; m++) { int j = lane + 32 * m; if (j < d) s += qv[m] * bf2f(kr[j]); }
+        s = warp_sum(s) * scale;
+        float mn = fmaxf(mx, s), corr = expf(mx - mn), e = expf(s - mn);
+        l = l * corr + e;
+        for (int m = 0; m < per; m++) { int j = lane + 32 * m; acc[m] = acc[m] * corr + (j < d ? e * bf2f(vr[j]) : 0.0f); }
+        mx = mn;
+    }
+    for (int m = 0; m < per; m++) {
+        int j = lane + 32 * m;
+        if (j < d) out[((long long)tok * q_heads + h) * d + j] = f2bf(acc[m] / l);
+    }
+}

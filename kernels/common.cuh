@@ -1,0 +1,114 @@
+// Shared prelude of every kernels/*.cu file: vt-cuda (and tools/gpu/check_kernels.py) compile
+// each file as `common.cuh` + the file, so no file needs an include path or the CUDA headers.
+//
+// Storage: activations are bf16 (raw `unsigned short`), accumulation is f32. Small weights
+// (norms, conv taps, biases) come in their stored dtype, read through `ld`.
+
+typedef unsigned short bf16;
+typedef unsigned long long u64;
+
+// Dtype codes shared with vt-cuda's `WeightKind` (crates/vt-cuda/src/weight.rs).
+#define DT_F32 0
+#define DT_BF16 1
+#define DT_F16 2
+#define DT_NVFP4 3
+
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
+
+// Round to nearest even, NaN stays NaN.
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float f16tof(unsigned short h) {
+    unsigned sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        float m = (float)mant * 5.9604644775390625e-8f;  // 2^-24
+        return sign ? -m : m;
+    }
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Element `i` of a float tensor stored as f32, bf16 or f16.
+__device__ __forceinline__ float ld(const void* p, int dt, long long i) {
+    if (dt == DT_BF16) return bf2f(((const bf16*)p)[i]);
+    if (dt == DT_F16) return f16tof(((const unsigned short*)p)[i]);
+    return ((const float*)p)[i];
+}
+
+__device__ __forceinline__ float e2m1(unsigned code) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float m = mag[code & 7u];
+    return (code & 8u) ? -m : m;
+}
+
+// fp8 e4m3fn: bias 7, subnormals at exponent 0, NaN at S.1111.111, no infinity.
+__device__ __forceinline__ float f8e4m3(unsigned char b) {
+    unsigned e = (b >> 3) & 15u, m = b & 7u;
+    float v;
+    if (e == 15u && m == 7u) v = __int_as_float(0x7fc00000);
+    else if (e == 0u) v = (float)m * 0.001953125f;  // m/8 * 2^-6
+    else v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+// torch softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+// One matrix `[n, k]` in its stored form; mirrors vt-cuda's `WeightDesc` (#[repr(C)]).
+// NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16
+// inputs; row r is scaled by `global[r & 1]` (fused gate/up pairs keep each half's multiplier).
+struct WeightDesc {
+    u64 data;
+    u64 scales;
+    float global[2];
+    int kind;
+    int k;
+};
+
+// Weight element (row, j) as f32.
+__device__ __forceinline__ float w_at(const WeightDesc& w, long long row, int j) {
+    if (w.kind == DT_NVFP4) {
+        unsigned char byte = ((const unsigned char*)w.data)[(row * w.k + j) >> 1];
+        unsigned code = (j & 1) ? (byte >> 4) : (byte & 15u);
+        unsigned char s = ((const unsigned char*)w.scales)[row * (w.k / 16) + j / 16];
+        return e2m1(code) * (f8e4m3(s) * w.global[row & 1]);
+    }
+    return ld((const void*)w.data, w.kind, row * (long long)w.k + j);
+}
+
+// Dot of weight row `row` with the f32 vector `x` (k values) across one warp; all lanes get it.
+__device__ float warp_row_dot(const WeightDesc& w, long long row, const float* x) {
+    float acc = 0.0f;
+    for (int j = threadIdx.x & 31; j < w.k; j += 32) acc += w_at(w, row, j) * x[j];
+    return warp_sum(acc);
+}

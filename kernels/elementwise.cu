@@ -1,0 +1,73 @@
+// Row-wise and elementwise ops on bf16 activations (f32 arithmetic): embedding, RMSNorm variants,
+// add, SwiGLU, gates, column narrowing and rotary embedding.
+
+// out[i, :] = table[ids[i], :]. Grid: one block per token.
+extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden) {
+    long long row = ids[blockIdx.x];
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        out[(long long)blockIdx.x * hidden + j] = f2bf(ld(table, dt, row * hidden + j));
+}
+
+// x / rms(x) * (offset + w). Grid: one block per row.
+extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps, float offset) {
+    const bf16* row = x + (long long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
+    float r = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        out[(long long)blockIdx.x * d + j] = f2bf(bf2f(row[j]) * r * (offset + ld(w, wdt, j)));
+}
+
+// w * (x / rms(x)) * silu(z). Grid: one block per row.
+extern "C" __global__ void rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt, int d, float eps) {
+    long long base = (long long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(x[base + j]); ss += v * v; }
+    float r = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        out[base + j] = f2bf(ld(w, wdt, j) * (bf2f(x[base + j]) * r) * silu(bf2f(z[base + j])));
+}
+
+extern "C" __global__ void add(bf16* out, const bf16* a, const bf16* b, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+}
+
+extern "C" __global__ void swiglu(bf16* out, const bf16* g, const bf16* u, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i]));
+}
+
+// out[i] = x[i] * act(g[i / per]); act 0 = sigmoid, 1 = softplus.
+extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gv = bf2f(g[i / per]);
+    out[i] = f2bf(bf2f(x[i]) * (act == 0 ? sigmoidf(gv) : softplusf(gv)));
+}
+
+// Columns start..start+len of x [rows, width]. Grid covers rows * len elements.
+extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows, int width, int start, int len) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * len) return;
+    long long r = i / len;
+    out[i] = x[r * width + start + (int)(i % len)];
+}
+
+// NeoX rotary embedding over the first 2 * half features of each head; the rest copied.
+struct RopeFreqs { float f[128]; };
+
+extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int d, int start, int half, RopeFreqs inv, float scaling) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)t * heads * d) return;
+    int j = (int)(i % d);
+    long long head = i - j;
+    int tok = (int)(i / ((long long)heads * d));
+    if (j >= 2 * half) { out[i] = x[i]; return; }
+    int f = j < half ? j : j - half;
+    // As transformers: the angle is an f32 product, cos/sin in f32, times the scaling.
+    float a = (float)(start + tok) * inv.f[f];
+    float c = cosf(a) * scaling, s = sinf(a) * scaling;
+    float x1 = bf2f(x[head + f]), x2 = bf2f(x[head + f + half]);
+    out[i] = f2bf(j < half ? x1 * c - x2 * s : x2 * c + x1 * s);
+}

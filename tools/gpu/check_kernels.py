@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Compiles every kernels/*.cu with NVRTC for sm_90, exactly as vt-cuda does at backend start
+(common.cuh prepended, the same options), so a kernel that does not compile fails CI on a machine
+without a GPU. Needs only libnvrtc (the `nvidia-cuda-nvrtc` wheel); no CUDA headers are used.
+
+usage: check_kernels.py [path/to/libnvrtc.so.13]   (default: found under sys.path's nvidia/)
+"""
+import ctypes
+import glob
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# Keep in step with crates/vt-cuda/src/kernels.rs (`nvrtc_options`).
+OPTIONS = ["--gpu-architecture=sm_90", "--std=c++17", "-default-device"]
+
+
+def find_nvrtc():
+    if len(sys.argv) > 1:
+        return sys.argv[1]
+    for base in sys.path:
+        hits = sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "lib", "libnvrtc.so.*")))
+        if hits:
+            return hits[0]
+    sys.exit("check_kernels: libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+
+
+def main():
+    path = find_nvrtc()
+    # NVRTC dlopens its builtins library by soname; load it first from the same folder.
+    for builtins in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
+        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(path)
+    common = open(os.path.join(ROOT, "kernels", "common.cuh")).read()
+    files = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
+    if not files:
+        sys.exit("check_kernels: no kernels/*.cu")
+    failed = 0
+    for path in files:
+        src = (common + "\n" + open(path).read()).encode()
+        prog = ctypes.c_void_p()
+        name = os.path.basename(path).encode()
+        rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, name, 0, None, None)
+        if rc != 0:
+            sys.exit(f"check_kernels: nvrtcCreateProgram({path}) = {rc}")
+        opts = (ctypes.c_char_p * len(OPTIONS))(*[o.encode() for o in OPTIONS])
+        rc = lib.nvrtcCompileProgram(prog, len(OPTIONS), opts)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        text = log.value.decode(errors="replace").strip()
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        status = "ok" if rc == 0 else "FAILED"
+        print(f"check_kernels: {os.path.relpath(path, ROOT)}: {status}")
+        if text:
+            print(text)
+        failed += rc != 0
+    if failed:
+        sys.exit(f"check_kernels: {failed} file(s) failed to compile")
+
+
+if __name__ == "__main__":
+    main()
