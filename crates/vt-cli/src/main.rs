@@ -78,7 +78,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     };
     match args.backend {
         BackendKind::Cpu => run_on(&vt::CpuBackend::new(), &cli),
-        BackendKind::Cuda => Err("this build has no CUDA backend yet (vt --backend cuda lands with the CUDA backend)".into()),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => run_on(&vt::CudaBackend::new()?, &cli),
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => Err("this build has no CUDA backend (build vt with --features cuda)".into()),
     }
 }
 

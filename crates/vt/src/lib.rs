@@ -18,3 +18,5 @@ pub use vt_models::{Family, Logits, Model, ModelSpec, SeqState};
 
 #[cfg(feature = "cpu")]
 pub use vt_cpu::{AllocMode, CpuBackend};
+#[cfg(feature = "cuda")]
+pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend};
