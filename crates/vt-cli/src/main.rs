@@ -99,7 +99,11 @@ fn run_on<B: Backend>(backend: &B, cli: &Cli) -> Result<(), Box<dyn std::error::
         }
         Command::Generate { model, max_new_tokens, temperature, seed, json } => {
             let m = Model::load(backend, &model.model.clone().unwrap_or_else(default_model))?;
-            let opts = vt::GenerateOptions { max_new_tokens: *max_new_tokens, temperature: *temperature, seed: *seed, stop_token_ids: Vec::new() };
+            let opts = vt::GenerateOptions {
+                max_new_tokens: *max_new_tokens,
+                sampling: vt::SamplingParams { temperature: *temperature, seed: *seed, ..Default::default() },
+                stop_token_ids: Vec::new(),
+            };
             let g = vt::generate(&m, &model.prompt_ids, &opts)?;
             let decode_steps = g.token_ids.len().saturating_sub(1).max(1);
             let ms_per_token = g.decode_time.as_secs_f64() * 1e3 / decode_steps as f64;

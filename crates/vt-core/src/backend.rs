@@ -122,6 +122,19 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>>;
     /// Rows `start..start+len` of `x` viewed as `[rows, last_dim]`.
     fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>>;
+    /// `parts` (each `[rows_i, width]`) stacked into `[sum rows_i, width]`: how a batched step
+    /// gathers per-sequence results. The default round-trips through the host; backends override it.
+    fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
+        let width = parts.first().map_or(0, |p| p.last_dim());
+        if let Some(p) = parts.iter().find(|p| p.last_dim() != width) {
+            return Err(crate::Error::backend(self.name(), format!("concat_rows: width {} differs from {width}", p.last_dim())));
+        }
+        let mut data = Vec::new();
+        for p in parts {
+            data.extend(self.to_f32(p)?);
+        }
+        self.from_f32(&[data.len() / width.max(1), width], &data)
+    }
     /// Rotary embedding of `x` `[t, heads, head_dim]` for positions `start..start+t`.
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>>;
 

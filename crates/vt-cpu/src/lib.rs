@@ -8,10 +8,13 @@ pub mod ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vt_core::{AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind, Result, Rope, Router, Tensor};
+use vt_core::{
+    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind,
+    Result, Rope, Router, Tensor,
+};
 
 pub use alloc::{AllocMode, CpuBuffer};
-pub use ops::attention::CpuKvCache;
+pub use ops::attention::{CpuKvCache, KV_BLOCK};
 pub use ops::moe::CpuExpertTable;
 
 use alloc::Allocator;
@@ -117,14 +120,18 @@ impl Backend for CpuBackend {
 
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
         let numel: usize = shape.iter().product();
-        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || format!("{} bytes do not hold {dtype} {shape:?}", bytes.len()))?;
+        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || {
+            format!("{} bytes do not hold {dtype} {shape:?}", bytes.len())
+        })?;
         let mut buf = CpuBuffer::new(&self.alloc, bytes.len())?;
         buf.bytes_mut().copy_from_slice(bytes);
         Ok(Tensor::from_parts(buf, dtype, shape.to_vec()))
     }
 
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
-        check(shape.iter().product::<usize>() == data.len(), "from_f32", || format!("{} values for shape {shape:?}", data.len()))?;
+        check(shape.iter().product::<usize>() == data.len(), "from_f32", || {
+            format!("{} values for shape {shape:?}", data.len())
+        })?;
         self.f32_tensor(shape, data)
     }
 
@@ -166,7 +173,9 @@ impl Backend for CpuBackend {
 
     fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>> {
         let w = small_f32(w, "rms_norm_gated")?;
-        check(x.last_dim() == w.len() && x.numel() == z.numel(), "rms_norm_gated", || format!("input {:?}, gate {:?}, weight [{}]", x.shape(), z.shape(), w.len()))?;
+        check(x.last_dim() == w.len() && x.numel() == z.numel(), "rms_norm_gated", || {
+            format!("input {:?}, gate {:?}, weight [{}]", x.shape(), z.shape(), w.len())
+        })?;
         let mut out = vec![0.0; x.numel()];
         ops::norm::rms_norm_gated(f32s(x, "rms_norm_gated")?, f32s(z, "rms_norm_gated")?, &w, eps, &mut out);
         self.f32_tensor(x.shape(), &out)
@@ -191,14 +200,17 @@ impl Backend for CpuBackend {
 
     fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
         check(gate.shape() == up.shape(), "swiglu", || format!("{:?} vs {:?}", gate.shape(), up.shape()))?;
-        let out: Vec<f32> = f32s(gate, "swiglu")?.iter().zip(f32s(up, "swiglu")?).map(|(&g, &u)| ops::norm::silu(g) * u).collect();
+        let out: Vec<f32> =
+            f32s(gate, "swiglu")?.iter().zip(f32s(up, "swiglu")?).map(|(&g, &u)| ops::norm::silu(g) * u).collect();
         self.f32_tensor(gate.shape(), &out)
     }
 
     fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>> {
         let (rows, width) = (x.rows(), x.last_dim());
         let groups = g.numel() / rows.max(1);
-        check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || format!("gate {:?} does not fit input {:?}", g.shape(), x.shape()))?;
+        check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || {
+            format!("gate {:?} does not fit input {:?}", g.shape(), x.shape())
+        })?;
         let (xs, gs) = (f32s(x, "gate")?, f32s(g, "gate")?);
         let per = width / groups;
         let f = match act {
@@ -212,7 +224,8 @@ impl Backend for CpuBackend {
     fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
         let width = x.last_dim();
         check(start + len <= width, "narrow_cols", || format!("columns {start}..{} of {:?}", start + len, x.shape()))?;
-        let out: Vec<f32> = f32s(x, "narrow_cols")?.chunks_exact(width).flat_map(|r| r[start..start + len].iter().copied()).collect();
+        let out: Vec<f32> =
+            f32s(x, "narrow_cols")?.chunks_exact(width).flat_map(|r| r[start..start + len].iter().copied()).collect();
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("non-scalar") = len;
         self.f32_tensor(&shape, &out)
@@ -223,6 +236,16 @@ impl Backend for CpuBackend {
         check(start + len <= x.rows(), "slice_rows", || format!("rows {start}..{} of {:?}", start + len, x.shape()))?;
         let data = &f32s(x, "slice_rows")?[start * width..(start + len) * width];
         self.f32_tensor(&[len, width], data)
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
+        let width = parts.first().map_or(0, |p| p.last_dim());
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.numel()).sum());
+        for p in parts {
+            check(p.last_dim() == width, "concat_rows", || format!("width {} differs from {width}", p.last_dim()))?;
+            data.extend_from_slice(f32s(p, "concat_rows")?);
+        }
+        self.f32_tensor(&[data.len() / width.max(1), width], &data)
     }
 
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
@@ -238,15 +261,31 @@ impl Backend for CpuBackend {
         Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
     }
 
-    fn attention(&self, q: &Tensor<Self>, k: &Tensor<Self>, v: &Tensor<Self>, cache: &mut CpuKvCache, params: &AttentionParams) -> Result<Tensor<Self>> {
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cache: &mut CpuKvCache,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
         let (t, q_heads, head_dim) = dims3(q, "attention")?;
         let (tk, kv_heads, dk) = dims3(k, "attention")?;
-        check(tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0, "attention", || {
-            format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape())
-        })?;
+        check(
+            tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0,
+            "attention",
+            || format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape()),
+        )?;
         check(params.window != Some(0), "attention", || "a sliding window of 0 positions".into())?;
         let shape = ops::attention::AttnShape { t, q_heads, kv_heads, head_dim };
-        let out = ops::attention::attention(f32s(q, "attention")?, f32s(k, "attention")?, f32s(v, "attention")?, &shape, cache, params)?;
+        let out = ops::attention::attention(
+            f32s(q, "attention")?,
+            f32s(k, "attention")?,
+            f32s(v, "attention")?,
+            &shape,
+            cache,
+            params,
+        )?;
         self.f32_tensor(q.shape(), &out)
     }
 
@@ -254,16 +293,30 @@ impl Backend for CpuBackend {
         let [channels, kernel] = *w.shape() else {
             return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
         };
-        check(x.last_dim() == channels && kernel >= 1 && state.shape() == [channels, kernel - 1], "causal_conv1d", || {
-            format!("input {:?}, weight {:?}, state {:?}", x.shape(), w.shape(), state.shape())
-        })?;
+        check(
+            x.last_dim() == channels && kernel >= 1 && state.shape() == [channels, kernel - 1],
+            "causal_conv1d",
+            || format!("input {:?}, weight {:?}, state {:?}", x.shape(), w.shape(), state.shape()),
+        )?;
         let w = small_f32(w, "causal_conv1d")?;
         let t = x.rows();
-        let out = ops::conv::causal_conv1d_silu(f32s(x, "causal_conv1d")?, t, channels, &w, kernel, state.buffer_mut().f32s_mut());
+        let out = ops::conv::causal_conv1d_silu(
+            f32s(x, "causal_conv1d")?,
+            t,
+            channels,
+            &w,
+            kernel,
+            state.buffer_mut().f32s_mut(),
+        );
         self.f32_tensor(x.shape(), &out)
     }
 
-    fn gated_delta_rule(&self, inp: &GdnInputs<'_, Self>, state: &mut Tensor<Self>, mode: GdnMode) -> Result<Tensor<Self>> {
+    fn gated_delta_rule(
+        &self,
+        inp: &GdnInputs<'_, Self>,
+        state: &mut Tensor<Self>,
+        mode: GdnMode,
+    ) -> Result<Tensor<Self>> {
         let op = "gated_delta_rule";
         let (t, key_heads, key_dim) = dims3(inp.q, op)?;
         let (tv, value_heads, value_dim) = dims3(inp.v, op)?;
@@ -279,11 +332,22 @@ impl Backend for CpuBackend {
                 && state.shape() == [value_heads, key_dim, value_dim]
                 && state.dtype() == DType::F32,
             op,
-            || format!("q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {:?}", inp.q.shape(), inp.k.shape(), inp.v.shape(), inp.a.shape(), inp.b.shape(), state.shape()),
+            || {
+                format!(
+                    "q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {:?}",
+                    inp.q.shape(),
+                    inp.k.shape(),
+                    inp.v.shape(),
+                    inp.a.shape(),
+                    inp.b.shape(),
+                    state.shape()
+                )
+            },
         )?;
         let d = ops::gdn::GdnDims { t, key_heads, value_heads, key_dim, value_dim };
         let (a_log, dt_bias) = (small_f32(inp.a_log, op)?, small_f32(inp.dt_bias, op)?);
-        let (q, k, v, a, b) = (f32s(inp.q, op)?, f32s(inp.k, op)?, f32s(inp.v, op)?, f32s(inp.a, op)?, f32s(inp.b, op)?);
+        let (q, k, v, a, b) =
+            (f32s(inp.q, op)?, f32s(inp.k, op)?, f32s(inp.v, op)?, f32s(inp.a, op)?, f32s(inp.b, op)?);
         let s = state.buffer_mut().f32s_mut();
         let out = match mode {
             GdnMode::Chunked => ops::gdn::gated_delta_rule_chunked(&d, q, k, v, a, b, &a_log, &dt_bias, s),
@@ -294,14 +358,24 @@ impl Backend for CpuBackend {
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
         check(x.last_dim() == experts.hidden && router.weight.out_features() == experts.experts.len(), "moe", || {
-            format!("input {:?}, router [{}, {}], {} experts of hidden {}", x.shape(), router.weight.out_features(), router.weight.in_features(), experts.experts.len(), experts.hidden)
+            format!(
+                "input {:?}, router [{}, {}], {} experts of hidden {}",
+                x.shape(),
+                router.weight.out_features(),
+                router.weight.in_features(),
+                experts.experts.len(),
+                experts.hidden
+            )
         })?;
         let top_k = router.kind.top_k();
-        check(top_k >= 1 && top_k <= experts.experts.len(), "moe", || format!("top-k {top_k} with {} experts", experts.experts.len()))?;
+        check(top_k >= 1 && top_k <= experts.experts.len(), "moe", || {
+            format!("top-k {top_k} with {} experts", experts.experts.len())
+        })?;
         let logits = self.linear(x, &router.weight)?;
         let bias = router.correction_bias.as_ref().map(|b| small_f32(b, "moe")).transpose()?;
         let table = experts.resident.get_or_try_init(self, || ops::moe::build_table(&self.alloc, experts))?;
-        let out = ops::moe::moe(f32s(x, "moe")?, x.rows(), logits.buffer().f32s(), router, bias.as_deref(), experts, table);
+        let out =
+            ops::moe::moe(f32s(x, "moe")?, x.rows(), logits.buffer().f32s(), router, bias.as_deref(), experts, table);
         self.f32_tensor(x.shape(), &out)
     }
 }

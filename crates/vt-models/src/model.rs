@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use vt_core::checkpoint::Checkpoint;
-use vt_core::{AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, Tensor};
+use vt_core::{
+    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, Tensor,
+};
 
 use crate::loader::Loader;
 use crate::spec::{AttnGate, AttnSpec, FfnSpec, GdnSpec, LayerSpec, MixerSpec, ModelSpec, MoeSpec, SharedExpert};
@@ -97,6 +99,15 @@ impl<B: Backend> SeqState<B> {
     }
 }
 
+/// Where one sequence's tokens sit in a batched step.
+struct Span {
+    /// First row in the batch.
+    row: usize,
+    len: usize,
+    /// Position of the first token in the sequence.
+    start: usize,
+}
+
 /// Which positions `forward` returns logits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -117,7 +128,12 @@ impl<B: Backend> Model<B> {
         let p = ld.prefix.clone();
         let h = spec.hidden;
         let embed = ld.linear(&format!("{p}embed_tokens"), spec.vocab, h)?;
-        let layers = spec.layers.iter().enumerate().map(|(i, ls)| load_layer(&ld, &spec, ls, &format!("{p}layers.{i}"))).collect::<Result<Vec<_>>>()?;
+        let layers = spec
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, ls)| load_layer(&ld, &spec, ls, &format!("{p}layers.{i}")))
+            .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
         Ok(Model { backend: backend.clone(), spec, embed, layers, norm, lm_head })
@@ -131,6 +147,15 @@ impl<B: Backend> Model<B> {
         &self.backend
     }
 
+    /// The routed experts of every MoE layer, in layer order (lifetime tests check where they live
+    /// and what their resident slots hold).
+    pub fn moe_experts(&self) -> impl Iterator<Item = &MoeExperts<B>> {
+        self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(&m.experts),
+            Ffn::Dense(_) => None,
+        })
+    }
+
     /// A fresh, empty sequence.
     pub fn new_state(&self) -> Result<SeqState<B>> {
         let b = &self.backend;
@@ -138,7 +163,9 @@ impl<B: Backend> Model<B> {
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attention(a) => Ok(LayerState::Attention(b.new_kv_cache(a.spec.kv_heads, a.spec.head_dim, a.spec.window)?)),
+                Mixer::Attention(a) => {
+                    Ok(LayerState::Attention(b.new_kv_cache(a.spec.kv_heads, a.spec.head_dim, a.spec.window)?))
+                }
                 Mixer::DeltaNet(d) => Ok(LayerState::DeltaNet {
                     conv: b.zeros(&[d.spec.conv_channels(), d.spec.conv_kernel - 1])?,
                     recurrent: b.zeros_f32(&[d.spec.value_heads, d.spec.key_dim, d.spec.value_dim])?,
@@ -151,27 +178,56 @@ impl<B: Backend> Model<B> {
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
     /// the last. A failed call leaves `state` unusable for further decoding (start a new one).
     pub fn forward(&self, ids: &[u32], state: &mut SeqState<B>, which: Logits) -> Result<Tensor<B>> {
-        if ids.is_empty() {
-            return Err(Error::input("forward needs at least one token"));
+        self.run(&mut [(ids, state)], which)
+    }
+
+    /// One step for many sequences: each runs its `ids` after what its state holds. Returns the
+    /// logits of each sequence's last position, `[seqs.len(), vocab]`, in order.
+    ///
+    /// Every token of the batch goes through the projections, norms and experts together (the
+    /// weights are read once per step); attention and the delta rule run per sequence over its own
+    /// state. Each row equals what `forward` gives for that sequence alone. A failed call leaves
+    /// every state in the batch unusable.
+    pub fn forward_batch(&self, seqs: &mut [(&[u32], &mut SeqState<B>)]) -> Result<Tensor<B>> {
+        self.run(seqs, Logits::Last)
+    }
+
+    fn run(&self, seqs: &mut [(&[u32], &mut SeqState<B>)], which: Logits) -> Result<Tensor<B>> {
+        if seqs.is_empty() {
+            return Err(Error::input("forward needs at least one sequence"));
         }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.spec.vocab) {
-            return Err(Error::input(format!("token id {bad} is outside the vocabulary (size {})", self.spec.vocab)));
-        }
-        if state.layers.len() != self.layers.len() {
-            return Err(Error::input("sequence state belongs to another model"));
+        for (ids, state) in seqs.iter() {
+            if ids.is_empty() {
+                return Err(Error::input("forward needs at least one token"));
+            }
+            if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.spec.vocab) {
+                return Err(Error::input(format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    self.spec.vocab
+                )));
+            }
+            if state.layers.len() != self.layers.len() {
+                return Err(Error::input("sequence state belongs to another model"));
+            }
         }
         let b = &self.backend;
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
-        let mut x = b.embedding(table, ids)?;
-        let start = state.pos;
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for (ids, state) in seqs.iter() {
+            spans.push(Span { row, len: ids.len(), start: state.pos });
+            row += ids.len();
+        }
+        let all_ids: Vec<u32> = seqs.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+        let mut x = b.embedding(table, &all_ids)?;
+        for (li, layer) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &layer.input_norm, self.spec.eps, self.spec.norm)?;
-            let mixed = match (&layer.mixer, ls) {
-                (Mixer::Attention(a), LayerState::Attention(cache)) => self.attention(a, &h, start, cache)?,
-                (Mixer::DeltaNet(d), LayerState::DeltaNet { conv, recurrent }) => self.delta_net(d, &h, conv, recurrent)?,
-                _ => return Err(Error::input("sequence state belongs to another model")),
+            let mut states: Vec<&mut LayerState<B>> = seqs.iter_mut().map(|(_, s)| &mut s.layers[li]).collect();
+            let mixed = match &layer.mixer {
+                Mixer::Attention(a) => self.attention(a, &h, &spans, &mut states)?,
+                Mixer::DeltaNet(d) => self.delta_net(d, &h, &spans, &mut states)?,
             };
             x = b.add(&x, &mixed)?;
             let h = b.rms_norm(&x, &layer.post_norm, self.spec.eps, self.spec.norm)?;
@@ -181,23 +237,41 @@ impl<B: Backend> Model<B> {
             };
             x = b.add(&x, &f)?;
         }
-        state.pos += ids.len();
+        for ((_, state), span) in seqs.iter_mut().zip(&spans) {
+            state.pos += span.len;
+        }
         if which == Logits::Last {
-            x = b.slice_rows(&x, ids.len() - 1, 1)?;
+            x = self.per_seq(&spans, |_, s| b.slice_rows(&x, s.row + s.len - 1, 1))?;
         }
         let x = b.rms_norm(&x, &self.norm, self.spec.eps, self.spec.norm)?;
         b.linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
-    fn attention(&self, a: &Attention<B>, x: &Tensor<B>, start: usize, cache: &mut B::KvCache) -> Result<Tensor<B>> {
+    /// Runs `f` for each sequence and stacks its results (`[rows, width]`) in order.
+    fn per_seq(&self, spans: &[Span], mut f: impl FnMut(usize, &Span) -> Result<Tensor<B>>) -> Result<Tensor<B>> {
+        let mut parts = spans.iter().enumerate().map(|(i, s)| f(i, s)).collect::<Result<Vec<_>>>()?;
+        match parts.len() {
+            1 => Ok(parts.pop().expect("one part")),
+            _ => self.backend.concat_rows(&parts.iter().collect::<Vec<_>>()),
+        }
+    }
+
+    fn attention(
+        &self,
+        a: &Attention<B>,
+        x: &Tensor<B>,
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+    ) -> Result<Tensor<B>> {
         let b = &self.backend;
         let s = &a.spec;
         let t = x.rows();
+        let width = s.q_heads * s.head_dim;
         let (q, gate) = match s.gate {
             AttnGate::SigmoidFromQProj => {
                 let qg = b.linear(x, &a.q_proj)?.reshape(&[t * s.q_heads, 2 * s.head_dim])?;
                 let q = b.narrow_cols(&qg, 0, s.head_dim)?;
-                let g = b.narrow_cols(&qg, s.head_dim, s.head_dim)?.reshape(&[t, s.q_heads * s.head_dim])?;
+                let g = b.narrow_cols(&qg, s.head_dim, s.head_dim)?.reshape(&[t, width])?;
                 (q, Some(g))
             }
             _ => (b.linear(x, &a.q_proj)?, None),
@@ -205,11 +279,19 @@ impl<B: Backend> Model<B> {
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &a.q_norm, self.spec.eps, s.qk_norm)?;
         let k = b.linear(x, &a.k_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
         let k = b.rms_norm(&k, &a.k_norm, self.spec.eps, s.qk_norm)?;
-        let v = b.linear(x, &a.v_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
-        let q = b.rope(&q, start, &s.rope)?;
-        let k = b.rope(&k, start, &s.rope)?;
+        let v = b.linear(x, &a.v_proj)?;
+        let (q, k) = (q.reshape(&[t, width])?, k.reshape(&[t, s.kv_heads * s.head_dim])?);
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
-        let o = b.attention(&q, &k, &v, cache, &params)?.reshape(&[t, s.q_heads * s.head_dim])?;
+        let o = self.per_seq(spans, |i, sp| {
+            let LayerState::Attention(cache) = &mut *states[i] else {
+                return Err(Error::input("sequence state belongs to another model"));
+            };
+            let rows =
+                |m: &Tensor<B>, heads: usize| b.slice_rows(m, sp.row, sp.len)?.reshape(&[sp.len, heads, s.head_dim]);
+            let q = b.rope(&rows(&q, s.q_heads)?, sp.start, &s.rope)?;
+            let k = b.rope(&rows(&k, s.kv_heads)?, sp.start, &s.rope)?;
+            b.attention(&q, &k, &rows(&v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
+        })?;
         let o = match (s.gate, gate, &a.g_proj) {
             (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
             (AttnGate::Softplus { .. }, _, Some(g_proj)) => b.gate(&o, &b.linear(x, g_proj)?, GateAct::Softplus)?,
@@ -218,21 +300,40 @@ impl<B: Backend> Model<B> {
         b.linear(&o, &a.o_proj)
     }
 
-    fn delta_net(&self, d: &DeltaNet<B>, x: &Tensor<B>, conv: &mut Tensor<B>, recurrent: &mut Tensor<B>) -> Result<Tensor<B>> {
+    fn delta_net(
+        &self,
+        d: &DeltaNet<B>,
+        x: &Tensor<B>,
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+    ) -> Result<Tensor<B>> {
         let b = &self.backend;
         let s = &d.spec;
         let t = x.rows();
         let key_total = s.key_heads * s.key_dim;
-        let qkv = b.causal_conv1d(&b.linear(x, &d.in_proj_qkv)?, &d.conv, conv)?;
-        let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[t, s.key_heads, s.key_dim])?;
-        let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[t, s.key_heads, s.key_dim])?;
-        let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[t, s.value_heads, s.value_dim])?;
+        let qkv_in = b.linear(x, &d.in_proj_qkv)?;
         let a = b.linear(x, &d.in_proj_a)?;
         let beta_in = b.linear(x, &d.in_proj_b)?;
-        let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
-        // As transformers: the recurrent form for single-token steps, the chunked form otherwise.
-        let mode = if t == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
-        let o = b.gated_delta_rule(&inputs, recurrent, mode)?.reshape(&[t * s.value_heads, s.value_dim])?;
+        let o = self.per_seq(spans, |i, sp| {
+            let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
+                return Err(Error::input("sequence state belongs to another model"));
+            };
+            let n = sp.len;
+            let qkv = b.causal_conv1d(&b.slice_rows(&qkv_in, sp.row, n)?, &d.conv, conv)?;
+            let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
+            let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
+            let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
+                n,
+                s.value_heads,
+                s.value_dim,
+            ])?;
+            let (a, beta_in) = (b.slice_rows(&a, sp.row, n)?, b.slice_rows(&beta_in, sp.row, n)?);
+            let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
+            // As transformers: the recurrent form for single-token steps, the chunked form otherwise.
+            let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
+            b.gated_delta_rule(&inputs, recurrent, mode)?.reshape(&[n, s.value_heads * s.value_dim])
+        })?;
+        let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
         let z = b.linear(x, &d.in_proj_z)?.reshape(&[t * s.value_heads, s.value_dim])?;
         let o = b.rms_norm_gated(&o, &z, &d.norm, self.spec.eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
         b.linear(&o, &d.out_proj)
@@ -263,7 +364,11 @@ fn load_layer<B: Backend>(ld: &Loader<B>, spec: &ModelSpec, ls: &LayerSpec, p: &
             let a = format!("{p}.self_attn");
             let q_out = s.q_heads * s.head_dim * if s.gate == AttnGate::SigmoidFromQProj { 2 } else { 1 };
             let g_proj = match s.gate {
-                AttnGate::Softplus { per_head } => Some(ld.linear(&format!("{a}.g_proj"), if per_head { s.q_heads } else { s.q_heads * s.head_dim }, h)?),
+                AttnGate::Softplus { per_head } => Some(ld.linear(
+                    &format!("{a}.g_proj"),
+                    if per_head { s.q_heads } else { s.q_heads * s.head_dim },
+                    h,
+                )?),
                 _ => None,
             };
             Mixer::Attention(Attention {
@@ -322,19 +427,25 @@ fn first_present<'n, B: Backend>(ld: &Loader<B>, candidates: &[&'n str], probe: 
 fn load_moe<B: Backend>(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize) -> Result<MoeBlock<B>> {
     let correction_bias = if m.correction_bias {
         let names = [format!("{p}.experts.e_score_correction_bias"), format!("{p}.gate.e_score_correction_bias")];
-        let name = names.iter().find(|n| ld.has(n)).ok_or_else(|| Error::MissingTensor { name: names.join(" or "), dir: ld.ckpt.dir.clone() })?;
+        let name = names
+            .iter()
+            .find(|n| ld.has(n))
+            .ok_or_else(|| Error::MissingTensor { name: names.join(" or "), dir: ld.ckpt.dir.clone() })?;
         Some(ld.float(name, &[m.num_experts])?)
     } else {
         None
     };
-    let router = Router { weight: ld.linear(&format!("{p}.gate"), m.num_experts, h)?, kind: m.router.clone(), correction_bias };
+    let router =
+        Router { weight: ld.linear(&format!("{p}.gate"), m.num_experts, h)?, kind: m.router.clone(), correction_bias };
     let experts = ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate)?;
     let (shared, shared_gate) = match m.shared {
         SharedExpert::None => (None, None),
         SharedExpert::Plain { intermediate } | SharedExpert::SigmoidGated { intermediate } => {
             let singular = format!("{p}.shared_expert");
             let plural = format!("{p}.shared_experts");
-            let base = first_present(ld, &[singular.as_str(), plural.as_str()], ".gate_proj.weight").unwrap_or(singular.as_str()).to_string();
+            let base = first_present(ld, &[singular.as_str(), plural.as_str()], ".gate_proj.weight")
+                .unwrap_or(singular.as_str())
+                .to_string();
             let gate = match m.shared {
                 SharedExpert::SigmoidGated { .. } => Some(ld.linear(&format!("{p}.shared_expert_gate"), 1, h)?),
                 _ => None,
@@ -344,4 +455,3 @@ fn load_moe<B: Backend>(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize) -> Resul
     };
     Ok(MoeBlock { router, experts, shared, shared_gate })
 }
-

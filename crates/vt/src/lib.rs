@@ -9,10 +9,18 @@
 //! println!("{:?}", out.token_ids);
 //! # Ok(()) }
 //! ```
+//!
+//! Many sequences at once: [`Engine`] (stepped by the caller) or [`EngineHandle`] (its own thread).
 
+pub mod engine;
 mod generate;
+pub mod sampling;
+pub mod text;
 
-pub use generate::{generate, GenerateOptions, Generation};
+pub use engine::{CancelToken, Engine, EngineConfig, EngineHandle, Event, Finish, Request, Sink, SubmitError};
+pub use generate::{generate, generate_with, GenerateOptions, Generation};
+pub use sampling::{Sampler, SamplingParams};
+pub use text::{ChatMessage, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
 pub use vt_models::{Family, Logits, Model, ModelSpec, SeqState};
 
@@ -20,3 +28,8 @@ pub use vt_models::{Family, Logits, Model, ModelSpec, SeqState};
 pub use vt_cpu::{AllocMode, CpuBackend};
 #[cfg(feature = "cuda")]
 pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend};
+
+/// The checkpoint's context limit (`max_position_embeddings`), if its config states one.
+pub fn context_limit(dir: &std::path::Path) -> Result<Option<usize>> {
+    checkpoint::Config::from_file(&dir.join("config.json"))?.opt_usize("max_position_embeddings")
+}

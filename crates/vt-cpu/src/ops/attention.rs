@@ -1,4 +1,4 @@
-//! Causal GQA attention over a per-sequence KV cache, optionally windowed.
+//! Causal GQA attention over a paged per-sequence KV cache, optionally windowed.
 
 use std::sync::Arc;
 
@@ -8,26 +8,35 @@ use vt_core::{AttentionParams, Result};
 use super::rows::dot;
 use crate::alloc::{Allocator, CpuBuffer};
 
-/// One attention layer's keys and values for one sequence, in backend memory.
+/// Positions per KV block: the unit of cache memory a sequence takes and gives back.
+pub const KV_BLOCK: usize = 16;
+
+/// Keys and values of `KV_BLOCK` consecutive positions.
+struct KvBlock {
+    k: CpuBuffer,
+    v: CpuBuffer,
+}
+
+/// One attention layer's keys and values for one sequence, in fixed-size blocks from the backend's
+/// allocator (the block pool: in arena mode a freed block is the next one handed out).
 ///
-/// Full attention keeps every position and grows by doubling. A sliding-window layer keeps a ring
-/// of the last `window` positions, so its cache never grows past the window.
+/// The block table maps position `p` to block `p / KV_BLOCK`, so growing never copies. A
+/// sliding-window layer gives back every block that has fallen wholly out of the window, so it
+/// holds at most `window / KV_BLOCK + 2` blocks between calls.
 pub struct CpuKvCache {
     alloc: Arc<Allocator>,
     kv_heads: usize,
     head_dim: usize,
     window: Option<usize>,
-    k: Option<CpuBuffer>,
-    v: Option<CpuBuffer>,
-    /// Rows the buffers hold.
-    capacity: usize,
+    /// `None` where a sliding layer has released the block.
+    blocks: Vec<Option<KvBlock>>,
     /// Positions seen so far.
     len: usize,
 }
 
 impl CpuKvCache {
     pub(crate) fn new(alloc: Arc<Allocator>, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
-        CpuKvCache { alloc, kv_heads, head_dim, window, k: None, v: None, capacity: 0, len: 0 }
+        CpuKvCache { alloc, kv_heads, head_dim, window, blocks: Vec::new(), len: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -38,57 +47,56 @@ impl CpuKvCache {
         self.len == 0
     }
 
-    /// Rows of backend memory held (the window for a sliding layer, at most).
+    /// Blocks of backend memory held.
+    pub fn blocks_held(&self) -> usize {
+        self.blocks.iter().filter(|b| b.is_some()).count()
+    }
+
+    /// Positions of backend memory held.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.blocks_held() * KV_BLOCK
     }
 
     fn row(&self) -> usize {
         self.kv_heads * self.head_dim
     }
 
-    fn ensure_capacity(&mut self, rows: usize) -> Result<()> {
-        if rows <= self.capacity {
-            return Ok(());
+    /// Appends `t` rows of keys and values, taking new blocks as needed.
+    fn append(&mut self, k: &[f32], v: &[f32], t: usize) -> Result<()> {
+        let row = self.row();
+        for i in 0..t {
+            let pos = self.len + i;
+            let (b, off) = (pos / KV_BLOCK, (pos % KV_BLOCK) * row);
+            if b == self.blocks.len() {
+                let bytes = KV_BLOCK * row * 4;
+                self.blocks.push(Some(KvBlock {
+                    k: CpuBuffer::new(&self.alloc, bytes)?,
+                    v: CpuBuffer::new(&self.alloc, bytes)?,
+                }));
+            }
+            let block = self.blocks[b].as_mut().expect("the newest block is never released");
+            block.k.f32s_mut()[off..off + row].copy_from_slice(&k[i * row..(i + 1) * row]);
+            block.v.f32s_mut()[off..off + row].copy_from_slice(&v[i * row..(i + 1) * row]);
         }
-        let new_cap = match self.window {
-            Some(w) => w,
-            None => rows.max(self.capacity * 2).max(16),
-        };
-        let bytes = new_cap * self.row() * 4;
-        let mut k = CpuBuffer::new(&self.alloc, bytes)?;
-        let mut v = CpuBuffer::new(&self.alloc, bytes)?;
-        if let (Some(ok), Some(ov)) = (&self.k, &self.v) {
-            let used = self.capacity * self.row();
-            k.f32s_mut()[..used].copy_from_slice(&ok.f32s()[..used]);
-            v.f32s_mut()[..used].copy_from_slice(&ov.f32s()[..used]);
-        }
-        self.k = Some(k);
-        self.v = Some(v);
-        self.capacity = new_cap;
+        self.len += t;
         Ok(())
     }
 
-    /// Cache row of absolute position `pos`.
-    fn slot(&self, pos: usize) -> usize {
-        match self.window {
-            Some(w) => pos % w,
-            None => pos,
-        }
-    }
-
-    fn write(&mut self, pos: usize, k: &[f32], v: &[f32]) {
-        let (row, slot) = (self.row(), self.slot(pos));
-        let kb = self.k.as_mut().expect("capacity ensured");
-        kb.f32s_mut()[slot * row..(slot + 1) * row].copy_from_slice(k);
-        let vb = self.v.as_mut().expect("capacity ensured");
-        vb.f32s_mut()[slot * row..(slot + 1) * row].copy_from_slice(v);
-    }
-
+    /// Keys (or values) of all kv heads at position `pos`; the block must be held.
     fn read(&self, pos: usize, which_v: bool) -> &[f32] {
-        let (row, slot) = (self.row(), self.slot(pos));
-        let b = if which_v { &self.v } else { &self.k };
-        &b.as_ref().expect("read only after a write").f32s()[slot * row..(slot + 1) * row]
+        let (row, off) = (self.row(), (pos % KV_BLOCK) * self.row());
+        let block = self.blocks[pos / KV_BLOCK].as_ref().expect("visible positions are held");
+        let buf = if which_v { &block.v } else { &block.k };
+        &buf.f32s()[off..off + row]
+    }
+
+    /// Frees the blocks no future query can see: the next query is at `len` and sees `> len - w`.
+    fn release_outside_window(&mut self) {
+        let Some(w) = self.window else { return };
+        let first_needed = (self.len + 1).saturating_sub(w);
+        for block in self.blocks.iter_mut().take(first_needed / KV_BLOCK) {
+            *block = None;
+        }
     }
 }
 
@@ -100,66 +108,70 @@ pub struct AttnShape {
 }
 
 /// Appends `k`, `v` and attends `q` over every visible cached position.
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, cache: &mut CpuKvCache, p: &AttentionParams) -> Result<Vec<f32>> {
-    let row = s.kv_heads * s.head_dim;
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    cache: &mut CpuKvCache,
+    p: &AttentionParams,
+) -> Result<Vec<f32>> {
     let start = cache.len;
-    // Keys visible to any query of this call, in position order: the cached tail, then the new ones.
-    let first_visible = match p.window {
-        Some(w) => start.saturating_sub(w - 1),
-        None => 0,
-    };
-    let Some(w) = p.window else {
-        cache.ensure_capacity(start + s.t)?;
-        for i in 0..s.t {
-            cache.write(start + i, &k[i * row..(i + 1) * row], &v[i * row..(i + 1) * row]);
-        }
-        cache.len = start + s.t;
-        let n = cache.len * row;
-        let keys = &cache.k.as_ref().expect("written").f32s()[..n];
-        let vals = &cache.v.as_ref().expect("written").f32s()[..n];
-        return Ok(attend(q, keys, vals, s, start, 0, p));
-    };
-    let mut keys = Vec::with_capacity((start - first_visible + s.t) * row);
-    let mut vals = Vec::with_capacity(keys.capacity());
-    for pos in first_visible..start {
-        keys.extend_from_slice(cache.read(pos, false));
-        vals.extend_from_slice(cache.read(pos, true));
-    }
-    keys.extend_from_slice(k);
-    vals.extend_from_slice(v);
-    cache.ensure_capacity(w)?;
-    for i in s.t.saturating_sub(w)..s.t {
-        cache.write(start + i, &k[i * row..(i + 1) * row], &v[i * row..(i + 1) * row]);
-    }
-    cache.len = start + s.t;
-    Ok(attend(q, &keys, &vals, s, start, first_visible, p))
+    cache.append(k, v, s.t)?;
+    let out = attend(q, cache, s, start, p);
+    cache.release_outside_window();
+    Ok(out)
 }
 
-/// `q` rows are positions `q_start..`, `keys`/`vals` rows positions `kv_start..`.
-fn attend(q: &[f32], keys: &[f32], vals: &[f32], s: &AttnShape, q_start: usize, kv_start: usize, p: &AttentionParams) -> Vec<f32> {
+/// `q` rows are positions `q_start..`, each attending over the cache up to its own position.
+fn attend(q: &[f32], cache: &CpuKvCache, s: &AttnShape, q_start: usize, p: &AttentionParams) -> Vec<f32> {
     let (d, hq, hkv) = (s.head_dim, s.q_heads, s.kv_heads);
     let group = hq / hkv;
     let mut out = vec![0.0f32; s.t * hq * d];
     out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
         let (i, h) = (idx / hq, idx % hq);
-        let kvh = h / group;
+        let head = (h / group) * d..(h / group + 1) * d;
         let pos = q_start + i;
         let lo = match p.window {
-            Some(w) => (pos + 1).saturating_sub(w).max(kv_start),
-            None => kv_start,
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
         };
         let qv = &q[(i * hq + h) * d..(i * hq + h + 1) * d];
-        let kv_row = |j: usize| ((j - kv_start) * hkv + kvh) * d;
-        let scores: Vec<f32> = (lo..=pos).map(|j| dot(qv, &keys[kv_row(j)..kv_row(j) + d]) * p.scale).collect();
+        let scores: Vec<f32> = (lo..=pos).map(|j| dot(qv, &cache.read(j, false)[head.clone()]) * p.scale).collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let exps: Vec<f32> = scores.iter().map(|&x| (x - max).exp()).collect();
         let sum: f32 = exps.iter().sum();
         for (j, &e) in (lo..=pos).zip(&exps) {
             let wgt = e / sum;
-            for (oo, &vv) in o.iter_mut().zip(&vals[kv_row(j)..kv_row(j) + d]) {
+            for (oo, &vv) in o.iter_mut().zip(&cache.read(j, true)[head.clone()]) {
                 *oo += wgt * vv;
             }
         }
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AllocMode;
+
+    #[test]
+    fn sliding_layer_gives_back_blocks_outside_the_window() {
+        let alloc = Arc::new(Allocator::new(AllocMode::System));
+        let (w, row) = (20, 2);
+        let mut cache = CpuKvCache::new(alloc.clone(), 1, row, Some(w));
+        let s = AttnShape { t: 1, q_heads: 1, kv_heads: 1, head_dim: row };
+        let p = AttentionParams { scale: 1.0, window: Some(w) };
+        for i in 0..200 {
+            let x = [i as f32, 1.0];
+            attention(&x, &x, &x, &s, &mut cache, &p).unwrap();
+            assert!(cache.blocks_held() <= w / KV_BLOCK + 2, "{} blocks at {i}", cache.blocks_held());
+        }
+        let mut full = CpuKvCache::new(alloc, 1, row, None);
+        let p = AttentionParams { scale: 1.0, window: None };
+        let x = vec![1.0; 40 * row];
+        attention(&x, &x, &x, &AttnShape { t: 40, ..s }, &mut full, &p).unwrap();
+        assert_eq!(full.blocks_held(), 40usize.div_ceil(KV_BLOCK));
+    }
 }

@@ -1,0 +1,448 @@
+//! The engine: many sequences at once. Requests join the running batch between steps
+//! (continuous batching); each step runs every decoding sequence's next token plus chunks of
+//! prompts (chunked prefill) within a token limit, through one batched forward.
+//!
+//! Admission reserves each sequence's worst-case state (KV blocks for prompt + max tokens, capped
+//! at a sliding window; linear-attention state) against the memory budget, so a running sequence
+//! never runs out of memory mid-generation; requests wait until reservations are given back.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use vt_core::{Backend, Error};
+use vt_models::spec::MixerSpec;
+use vt_models::{Model, ModelSpec, SeqState};
+
+use crate::sampling::{Sampler, SamplingParams};
+
+/// Positions per KV block the memory estimate assumes (vt-cpu's `KV_BLOCK`).
+const KV_BLOCK: usize = 16;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Most tokens one step runs (decodes plus prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+    /// Most requests waiting to start; more are refused with `SubmitError::QueueFull`.
+    pub max_queue: usize,
+    /// Bytes of sequence state (KV cache, linear-attention state) running sequences may hold.
+    pub memory_budget: Option<usize>,
+    /// Longest sequence, prompt plus generated tokens (the checkpoint's `max_position_embeddings`).
+    pub max_context: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { max_batch_tokens: 512, max_seqs: 32, max_queue: 256, memory_budget: None, max_context: 4096 }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (fewer if the context ends first).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Finish after generating one of these (it is sent, then `Finish::Stop`).
+    pub stop_token_ids: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    Cancelled,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(u32),
+    Done(Finish),
+    /// The step that ran this sequence failed; nothing more comes.
+    Failed(String),
+}
+
+/// Where a sequence's events go. Returning `false` (the receiver is gone) cancels the sequence.
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The request can never run (bad ids, too long, over the budget...).
+    Invalid(Error),
+    /// Too many requests are waiting; try again later.
+    QueueFull,
+    /// The engine has stopped.
+    Closed,
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::Invalid(e) => write!(f, "{e}"),
+            SubmitError::QueueFull => write!(f, "too many requests are waiting; try again later"),
+            SubmitError::Closed => write!(f, "the engine has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}
+
+/// Cancels one request: it finishes with `Finish::Cancelled` at the next step.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What admission needs to know, copied out of the model so a handle can check requests
+/// without reaching into the engine thread.
+#[derive(Clone)]
+struct Limits {
+    spec: ModelSpec,
+    act_bytes: usize,
+    config: EngineConfig,
+}
+
+impl Limits {
+    /// Bytes of state a sequence holds at `tokens` positions.
+    fn state_bytes(&self, tokens: usize) -> usize {
+        let act = self.act_bytes;
+        self.spec
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerSpec::Attention(a) => {
+                    let held = a.window.map_or(tokens, |w| tokens.min(w + 2 * KV_BLOCK));
+                    held.div_ceil(KV_BLOCK) * KV_BLOCK * 2 * a.kv_heads * a.head_dim * act
+                }
+                MixerSpec::DeltaNet(g) => {
+                    g.conv_channels() * (g.conv_kernel - 1) * act + g.value_heads * g.key_dim * g.value_dim * 4
+                }
+            })
+            .sum()
+    }
+
+    /// Checks a request; returns the tokens it may generate and the bytes to reserve for it.
+    fn admit(&self, req: &Request) -> Result<(usize, usize), SubmitError> {
+        let invalid = |m: String| Err(SubmitError::Invalid(Error::input(m)));
+        let ctx = self.config.max_context;
+        if req.prompt.is_empty() {
+            return invalid("the prompt is empty".into());
+        }
+        if let Some(bad) = req.prompt.iter().find(|&&id| id as usize >= self.spec.vocab) {
+            return invalid(format!("token id {bad} is outside the vocabulary (size {})", self.spec.vocab));
+        }
+        if req.prompt.len() >= ctx {
+            return invalid(format!("the prompt has {} tokens; this model's context limit is {ctx} tokens (prompt plus at least one generated)", req.prompt.len()));
+        }
+        if req.max_tokens == 0 {
+            return invalid("max_tokens must be at least 1".into());
+        }
+        req.sampling.validate().map_err(SubmitError::Invalid)?;
+        let gen = req.max_tokens.min(ctx - req.prompt.len());
+        let bytes = self.state_bytes(req.prompt.len() + gen);
+        match self.config.memory_budget {
+            Some(budget) if bytes > budget => {
+                invalid(format!("the request needs {bytes} bytes of sequence state; the memory budget is {budget}"))
+            }
+            _ => Ok((gen, bytes)),
+        }
+    }
+}
+
+struct Waiting {
+    req: Request,
+    sink: Sink,
+    cancel: CancelToken,
+    max_gen: usize,
+    reserve: usize,
+}
+
+struct Running<B: Backend> {
+    sink: Sink,
+    cancel: CancelToken,
+    state: SeqState<B>,
+    sampler: Sampler,
+    /// Tokens to run next: the rest of the prompt, or the last generated token.
+    pending: Vec<u32>,
+    stop_token_ids: Vec<u32>,
+    generated: usize,
+    max_gen: usize,
+    reserve: usize,
+}
+
+/// The engine's core, driven by `step`. `EngineHandle` runs one on its own thread.
+pub struct Engine<B: Backend> {
+    model: Model<B>,
+    limits: Limits,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running<B>>,
+    reserved: usize,
+    /// Requests taken from the queue; a handle's waiting count goes down by this much.
+    admitted: Arc<AtomicUsize>,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(model: Model<B>, config: EngineConfig) -> Self {
+        let limits = Limits {
+            spec: model.spec().clone(),
+            act_bytes: model.backend().activation_dtype().bytes_for(1).unwrap_or(4),
+            config,
+        };
+        Engine {
+            model,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            reserved: 0,
+            admitted: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    /// Queues a request; its events go to `sink` as steps run.
+    pub fn add(&mut self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
+        if self.waiting.len() >= self.limits.config.max_queue {
+            return Err(SubmitError::QueueFull);
+        }
+        let (max_gen, reserve) = self.limits.admit(&req)?;
+        let cancel = CancelToken::default();
+        self.waiting.push_back(Waiting { req, sink, cancel: cancel.clone(), max_gen, reserve });
+        Ok(cancel)
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Sequences running now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// One batched forward over the running sequences (admitting waiting ones first).
+    /// Returns the number of tokens it ran.
+    pub fn step(&mut self) -> usize {
+        self.drop_cancelled();
+        self.admit();
+        let mut budget = self.limits.config.max_batch_tokens;
+        // Decodes first (one token each, latency-bound), then prompt chunks with what is left.
+        let mut take = vec![0; self.running.len()];
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| self.running[i].pending.len() > 1);
+        for i in order {
+            take[i] = self.running[i].pending.len().min(budget);
+            budget -= take[i];
+        }
+        let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
+            .running
+            .iter_mut()
+            .zip(&take)
+            .filter(|(_, &n)| n > 0)
+            .map(|(s, &n)| (&s.pending[..n], &mut s.state))
+            .collect();
+        if batch.is_empty() {
+            return 0;
+        }
+        let logits = self.model.forward_batch(&mut batch).and_then(|l| self.model.backend().to_f32(&l));
+        drop(batch);
+        let ran = take.iter().sum();
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                // The states of every sequence in the batch are now unusable.
+                let msg = e.to_string();
+                self.finish_where(|_, i| (take[i] > 0).then(|| Event::Failed(msg.clone())));
+                return ran;
+            }
+        };
+        let vocab = self.limits.spec.vocab;
+        let mut row = 0;
+        let mut events: Vec<Option<Event>> = vec![None; self.running.len()];
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if take[i] == 0 {
+                continue;
+            }
+            s.pending.drain(..take[i]);
+            let logits = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if !s.pending.is_empty() {
+                continue; // mid-prompt: this chunk's logits are not needed
+            }
+            let id = s.sampler.sample(logits);
+            s.generated += 1;
+            events[i] = if !(s.sink)(Event::Token(id)) {
+                Some(Event::Done(Finish::Cancelled))
+            } else if s.stop_token_ids.contains(&id) {
+                Some(Event::Done(Finish::Stop))
+            } else if s.generated >= s.max_gen {
+                Some(Event::Done(Finish::Length))
+            } else {
+                s.pending.push(id);
+                None
+            };
+        }
+        self.finish_where(|_, i| events[i].take());
+        ran
+    }
+
+    /// Removes the running sequences for which `done` gives an event, sending it.
+    fn finish_where(&mut self, mut done: impl FnMut(&Running<B>, usize) -> Option<Event>) {
+        let mut i = 0;
+        let mut kept = Vec::with_capacity(self.running.len());
+        for mut s in std::mem::take(&mut self.running) {
+            match done(&s, i) {
+                Some(ev) => {
+                    (s.sink)(ev);
+                    self.reserved -= s.reserve;
+                }
+                None => kept.push(s),
+            }
+            i += 1;
+        }
+        self.running = kept;
+    }
+
+    fn drop_cancelled(&mut self) {
+        self.finish_where(|s, _| s.cancel.is_cancelled().then_some(Event::Done(Finish::Cancelled)));
+        let before = self.waiting.len();
+        self.waiting.retain_mut(|w| {
+            let cancelled = w.cancel.is_cancelled();
+            if cancelled {
+                (w.sink)(Event::Done(Finish::Cancelled));
+            }
+            !cancelled
+        });
+        self.admitted.fetch_add(before - self.waiting.len(), Ordering::Relaxed);
+    }
+
+    /// Starts waiting requests, in order, while sequences and memory allow.
+    fn admit(&mut self) {
+        let budget = self.limits.config.memory_budget.unwrap_or(usize::MAX);
+        while self.running.len() < self.limits.config.max_seqs {
+            let Some(w) = self.waiting.front() else { break };
+            if self.reserved + w.reserve > budget {
+                break;
+            }
+            let mut w = self.waiting.pop_front().expect("front exists");
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+            let started = self
+                .model
+                .new_state()
+                .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
+            match started {
+                Ok((state, sampler)) => {
+                    self.reserved += w.reserve;
+                    self.running.push(Running {
+                        sink: w.sink,
+                        cancel: w.cancel,
+                        state,
+                        sampler,
+                        pending: w.req.prompt,
+                        stop_token_ids: w.req.stop_token_ids,
+                        generated: 0,
+                        max_gen: w.max_gen,
+                        reserve: w.reserve,
+                    });
+                }
+                Err(e) => {
+                    (w.sink)(Event::Failed(e.to_string()));
+                }
+            }
+        }
+    }
+}
+
+enum Msg {
+    Add(Box<Waiting>),
+}
+
+/// An engine on its own thread. Submitting checks the request and the queue bound at once;
+/// dropping the handle lets running requests finish, then stops the thread.
+pub struct EngineHandle {
+    tx: Option<mpsc::Sender<Msg>>,
+    thread: Option<JoinHandle<()>>,
+    limits: Limits,
+    /// Requests submitted so far, and taken from the queue by the engine so far.
+    submitted: AtomicUsize,
+    admitted: Arc<AtomicUsize>,
+}
+
+impl EngineHandle {
+    pub fn spawn<B: Backend>(model: Model<B>, config: EngineConfig) -> Self
+    where
+        Model<B>: Send,
+    {
+        let mut engine = Engine::new(model, config);
+        let limits = engine.limits.clone();
+        let admitted = engine.admitted.clone();
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let thread = std::thread::Builder::new()
+            .name("vt-engine".into())
+            .spawn(move || loop {
+                // Block only when idle; otherwise pick up new requests between steps.
+                if !engine.has_work() {
+                    match rx.recv() {
+                        Ok(Msg::Add(w)) => engine.waiting.push_back(*w),
+                        Err(_) => return,
+                    }
+                }
+                while let Ok(Msg::Add(w)) = rx.try_recv() {
+                    engine.waiting.push_back(*w);
+                }
+                engine.step();
+            })
+            .expect("spawning the engine thread");
+        EngineHandle { tx: Some(tx), thread: Some(thread), limits, submitted: AtomicUsize::new(0), admitted }
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.limits.spec
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.limits.config
+    }
+
+    /// Requests submitted and not yet started.
+    pub fn queued(&self) -> usize {
+        self.submitted.load(Ordering::Relaxed).saturating_sub(self.admitted.load(Ordering::Relaxed))
+    }
+
+    pub fn submit(&self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
+        let (max_gen, reserve) = self.limits.admit(&req)?;
+        if self.queued() >= self.limits.config.max_queue {
+            return Err(SubmitError::QueueFull);
+        }
+        let cancel = CancelToken::default();
+        let w = Waiting { req, sink, cancel: cancel.clone(), max_gen, reserve };
+        let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
+        tx.send(Msg::Add(Box::new(w))).map_err(|_| SubmitError::Closed)?;
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(cancel)
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

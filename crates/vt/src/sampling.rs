@@ -1,0 +1,246 @@
+//! Choosing the next token from logits: penalties, then greedy or seeded sampling with
+//! top-k / top-p / min-p filtering. Everything is per request, and reproducible from the seed.
+
+use std::collections::HashMap;
+
+use vt_core::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 picks the most likely token (greedy).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen in the prompt or output; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated.
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    /// An error naming the first out-of-range field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, want: &str, got: f32| Err(Error::input(format!("{field} must be {want}, got {got}")));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", "a finite number >= 0", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "in (0, 1]", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "in [0, 1]", self.min_p);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", "a finite number > 0", self.repetition_penalty);
+        }
+        for (field, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(field, "in [-2, 2]", v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sampling state of one sequence: its parameters, random stream and the tokens it has seen.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: SplitMix64,
+    /// How often each token was generated.
+    generated: HashMap<u32, u32>,
+    /// Tokens of the prompt (for the repetition penalty).
+    prompt: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Result<Self> {
+        params.validate()?;
+        let mut prompt = if params.repetition_penalty != 1.0 { prompt.to_vec() } else { Vec::new() };
+        prompt.sort_unstable();
+        prompt.dedup();
+        Ok(Sampler { rng: SplitMix64(params.seed), params, generated: HashMap::new(), prompt })
+    }
+
+    /// Picks the next token from `logits` (one row, `[vocab]`) and records it as generated.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let mut logits = logits.to_vec();
+        self.penalize(&mut logits);
+        let id = self.pick(&logits);
+        *self.generated.entry(id).or_default() += 1;
+        id
+    }
+
+    fn penalize(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let seen = self.prompt.iter().chain(self.generated.keys());
+            for &id in seen {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &n) in &self.generated {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let argmax = logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best });
+        if p.temperature == 0.0 {
+            return argmax as u32;
+        }
+        let max = logits[argmax];
+        let mut cands: Vec<(u32, f64)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, (((l - max) / p.temperature) as f64).exp())).collect();
+        if p.top_k > 0 || p.top_p < 1.0 {
+            // Most likely first; ties keep the lower id first.
+            cands.sort_by(|a, b| b.1.total_cmp(&a.1));
+            if p.top_k > 0 {
+                cands.truncate(p.top_k);
+            }
+            if p.top_p < 1.0 {
+                let total: f64 = cands.iter().map(|c| c.1).sum();
+                let (mut acc, mut keep) = (0.0, cands.len());
+                for (i, c) in cands.iter().enumerate() {
+                    acc += c.1;
+                    if acc >= p.top_p as f64 * total {
+                        keep = i + 1;
+                        break;
+                    }
+                }
+                cands.truncate(keep);
+            }
+        }
+        if p.min_p > 0.0 {
+            // The weights are relative to the most likely token, whose weight is 1.
+            cands.retain(|c| c.1 >= p.min_p as f64);
+        }
+        let mut r = self.rng.next_f64() * cands.iter().map(|c| c.1).sum::<f64>();
+        for &(id, w) in &cands {
+            r -= w;
+            if r <= 0.0 {
+                return id;
+            }
+        }
+        cands.first().map_or(argmax as u32, |c| c.0)
+    }
+}
+
+/// A small seeded generator: sampling must be reproducible from `seed` alone.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(p: SamplingParams) -> Sampler {
+        Sampler::new(p, &[]).unwrap()
+    }
+
+    fn draws(p: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = sampler(p);
+        (0..n).map(|_| s.pick(logits)).collect()
+    }
+
+    const LOGITS: [f32; 5] = [1.0, 3.0, 2.9, 0.5, -1.0];
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        assert_eq!(sampler(SamplingParams::greedy()).sample(&[0.0, 2.0, 2.0]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let p = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
+        let a = draws(p.clone(), &LOGITS, 64);
+        assert_eq!(a, draws(p.clone(), &LOGITS, 64));
+        assert_ne!(a, draws(SamplingParams { seed: 8, ..p }, &LOGITS, 64));
+    }
+
+    #[test]
+    fn filters_keep_only_the_allowed_tokens() {
+        let hot = SamplingParams { temperature: 5.0, ..Default::default() };
+        let only = |p: SamplingParams| {
+            let mut d = draws(p, &LOGITS, 200);
+            d.sort_unstable();
+            d.dedup();
+            d
+        };
+        assert_eq!(only(SamplingParams { top_k: 2, ..hot.clone() }), vec![1, 2]);
+        assert_eq!(only(SamplingParams { top_k: 1, ..hot.clone() }), vec![1]);
+        // At temperature 5 token 1 alone is ~26% of the mass: top_p 0.2 keeps just it.
+        assert_eq!(only(SamplingParams { top_p: 0.2, ..hot.clone() }), vec![1]);
+        // Relative to the top token: token 0 weighs exp(-2/5) = 0.67, token 3 exp(-2.5/5) = 0.61.
+        assert_eq!(only(SamplingParams { min_p: 0.64, ..hot.clone() }), vec![0, 1, 2]);
+        assert_eq!(only(hot).len(), 5);
+    }
+
+    #[test]
+    fn penalties_push_generated_tokens_down() {
+        let mut s = sampler(SamplingParams { presence_penalty: 0.5, ..Default::default() });
+        assert_eq!(s.sample(&LOGITS), 1);
+        assert_eq!(s.sample(&LOGITS), 2, "3.0 - 0.5 < 2.9");
+        let mut s = sampler(SamplingParams { frequency_penalty: 0.06, ..Default::default() });
+        assert_eq!(s.sample(&LOGITS), 1);
+        assert_eq!(s.sample(&LOGITS), 1, "3.0 - 0.06 > 2.9");
+        assert_eq!(s.sample(&LOGITS), 2, "3.0 - 0.12 < 2.9");
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 1.2, ..Default::default() }, &[1]).unwrap();
+        assert_eq!(s.sample(&LOGITS), 2, "the prompt's token 1 counts as seen: 3.0 / 1.2 < 2.9");
+    }
+
+    #[test]
+    fn out_of_range_parameters_are_errors() {
+        for p in [
+            SamplingParams { temperature: -1.0, ..Default::default() },
+            SamplingParams { temperature: f32::NAN, ..Default::default() },
+            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { min_p: 2.0, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { presence_penalty: 3.0, ..Default::default() },
+        ] {
+            assert!(Sampler::new(p, &[]).is_err());
+        }
+    }
+}

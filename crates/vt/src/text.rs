@@ -1,0 +1,219 @@
+//! Text in and out: `tokenizer.json` through the `tokenizers` crate, chat templates from
+//! `tokenizer_config.json` rendered with minijinja, and incremental detokenisation that streams
+//! only whole characters and holds back text that may turn out to be a stop string.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use vt_core::{Error, Result};
+
+/// One chat message, as in OpenAI's API and Hugging Face chat templates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// A checkpoint's tokenizer and chat template.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+fn text_err(what: impl std::fmt::Display) -> Error {
+    Error::input(format!("tokenizer: {what}"))
+}
+
+/// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
+fn special_token(cfg: &serde_json::Value, key: &str) -> Option<String> {
+    match cfg.get(key)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        v => v.get("content")?.as_str().map(str::to_string),
+    }
+}
+
+impl Tokenizer {
+    /// Reads `tokenizer.json` and, when present, `tokenizer_config.json` and `chat_template.jinja`
+    /// from a checkpoint directory. `Ok(None)` when the directory has no `tokenizer.json`.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let inner =
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| text_err(format!("{}: {e}", path.display())))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: serde_json::Value = match std::fs::read_to_string(&cfg_path) {
+            Ok(s) => serde_json::from_str(&s).map_err(|e| text_err(format!("{}: {e}", cfg_path.display())))?,
+            Err(_) => serde_json::Value::Null,
+        };
+        let chat_template = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
+            Ok(t) => Some(t),
+            Err(_) => match cfg.get("chat_template") {
+                Some(serde_json::Value::String(t)) => Some(t.clone()),
+                // A list of named templates: use "default".
+                Some(serde_json::Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .and_then(|t| t.get("template")?.as_str())
+                    .map(str::to_string),
+                _ => None,
+            },
+        };
+        Ok(Some(Tokenizer {
+            inner,
+            chat_template,
+            bos_token: special_token(&cfg, "bos_token"),
+            eos_token: special_token(&cfg, "eos_token"),
+        }))
+    }
+
+    /// Token ids of `text`; `special` adds what the tokenizer's post-processor adds (e.g. BOS).
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        Ok(self.inner.encode(text, special).map_err(text_err)?.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(text_err)
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The id of the configured EOS token, if it is in the vocabulary.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.token_id(self.eos_token.as_deref()?)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Renders the chat template, as transformers' `apply_chat_template(tokenize=False)`.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| text_err("this model has no chat template"))?;
+        let mut env = minijinja::Environment::new();
+        // Templates call Python string methods (`.strip()`, `.startswith()`...).
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        let tmpl = env.template_from_str(template).map_err(|e| text_err(format!("chat template: {e}")))?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        tmpl.render(ctx).map_err(|e| text_err(format!("chat template: {e}")))
+    }
+}
+
+/// Turns generated ids into text deltas one token at a time.
+///
+/// Decoding a token alone is wrong for byte-level BPE (a character can span tokens, and some
+/// tokenizers' decoders depend on context), so it decodes a short window and emits the new text
+/// only once it no longer ends in an incomplete character (U+FFFD), as TGI and vLLM do.
+pub struct Detokenizer {
+    ids: Vec<u32>,
+    /// Start of the context window.
+    prefix: usize,
+    /// End of the already-emitted part.
+    read: usize,
+}
+
+impl Detokenizer {
+    pub fn new() -> Self {
+        Detokenizer { ids: Vec::new(), prefix: 0, read: 0 }
+    }
+
+    /// Text completed by `id` (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = tok.decode(&self.ids[self.prefix..])?;
+        match now.get(before.len()..) {
+            Some(delta) if now.len() > before.len() && !now.ends_with('\u{FFFD}') => {
+                let delta = delta.to_string();
+                self.prefix = self.read;
+                self.read = self.ids.len();
+                Ok(delta)
+            }
+            _ => Ok(String::new()),
+        }
+    }
+
+    /// Whatever is still held back (an incomplete character at the very end decodes lossily).
+    pub fn finish(&mut self, tok: &Tokenizer) -> Result<String> {
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = tok.decode(&self.ids[self.prefix..])?;
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        Ok(now.get(before.len()..).unwrap_or_default().to_string())
+    }
+}
+
+impl Default for Detokenizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Cuts streamed text at the first stop string, holding back any tail that could begin one.
+pub struct StopStrings {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+    }
+
+    /// Adds `delta`; returns the text that is safe to emit and whether a stop string was reached
+    /// (the stop string itself is not emitted).
+    pub fn push(&mut self, delta: &str) -> (String, bool) {
+        self.pending.push_str(delta);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        let hold = self.stops.iter().map(|s| longest_prefix_suffix(&self.pending, s)).max().unwrap_or(0);
+        let out = self.pending[..self.pending.len() - hold].to_string();
+        self.pending.drain(..self.pending.len() - hold);
+        (out, false)
+    }
+
+    /// The held-back tail, once no more text is coming.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Length of the longest proper prefix of `stop` that `text` ends with.
+fn longest_prefix_suffix(text: &str, stop: &str) -> usize {
+    (1..stop.len()).rev().find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k])).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_cut_and_hold_back() {
+        let mut s = StopStrings::new(vec!["\n\n".into(), "END".into()]);
+        assert_eq!(s.push("abc E"), ("abc ".to_string(), false));
+        assert_eq!(s.push("N"), (String::new(), false));
+        assert_eq!(s.push("x"), ("ENx".to_string(), false));
+        assert_eq!(s.push("y\n"), ("y".to_string(), false));
+        assert_eq!(s.push("\nmore"), (String::new(), true));
+        let mut s = StopStrings::new(vec!["é!".into()]);
+        assert_eq!(s.push("aé"), ("a".to_string(), false));
+        assert_eq!(s.finish(), "é");
+    }
+}
