@@ -32,6 +32,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import transformers  # noqa: E402
+import nvfp4  # noqa: E402  (tools/oracle/nvfp4.py)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 hf_logging.set_verbosity_error()
@@ -507,12 +508,194 @@ def qwen3moe(d, seed=31):
     return finish(d, model, c.vocab_size, T, N, seed, kinds, t0)
 
 
+# --------------------------------------------------------------------------------------------
+# NVFP4 (compressed-tensors and ModelOpt encodings of the same codes and scales)
+# --------------------------------------------------------------------------------------------
+
+def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude, modelopt_in_config, t0):
+    """Saves `model` (random f32) as a compressed-tensors NVFP4 checkpoint in `d` and its ModelOpt twin in
+    `d + "_modelopt"`. The reference is transformers (f32) on the f32 decompression of the codes."""
+    scheme = nvfp4.ct_scheme(targets)
+    vocab = model.config.vocab_size
+    model.to(torch.bfloat16)
+    model.save_pretrained(d)  # original format: per-expert names, what NVFP4 exporters write
+    del model
+    tensors = {k: v for k, (v, _) in read_all(d).items()}
+    ct, dense = nvfp4.quantize_tensors(tensors, targets, ignore, scheme)
+    modules = sorted(dense)
+    # Gate and up of one expert keep their own global scales (vt must not assume one per pair); equal
+    # ones only where both halves' bf16 maxima happen to coincide.
+    pairs = [(m, m[: -len("gate_proj")] + "up_proj") for m in modules if m.endswith(".gate_proj") and ".experts." in m]
+    differ = sum(not torch.equal(ct[f"{g}.weight_global_scale"], ct[f"{u}.weight_global_scale"]) for g, u in pairs)
+    assert differ >= 0.8 * len(pairs), (differ, len(pairs))
+
+    # The reference: transformers on a float32 checkpoint holding the decompressed weights.
+    f32_dir = d + ".f32.tmp"
+    shutil.rmtree(f32_dir, ignore_errors=True)
+    shutil.copytree(d, f32_dir)
+    write_single(f32_dir, {**tensors, **{f"{m}.weight": w for m, w in dense.items()}})
+    ref_model, info = model_cls.from_pretrained(f32_dir, dtype=torch.float32, attn_implementation="eager",
+                                                output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(k), (k, info[k])
+    ref_model.eval()
+    shutil.rmtree(f32_dir)
+
+    write_single(d, ct)
+    edit_config(d, lambda c: c.__setitem__("quantization_config", nvfp4.ct_config(targets, ignore, scheme)))
+    out = finish(d, ref_model, vocab, T, N, seed, layer_info, t0)
+
+    hf_note = check_hf_compressed_tensors_load(model_cls, d, ref_model, ct, dense)
+    out["nvfp4"] = {
+        "encoding": "compressed-tensors",
+        "quantized_modules": len(modules),
+        "experts_with_distinct_gate_up_global_scales": f"{differ}/{len(pairs)}",
+        "reference": "transformers f32 on compressed-tensors' unpack + dequantize of the codes, kept in f32",
+        "transformers_compressed_tensors_load": hf_note,
+    }
+    write_json(os.path.join(d, "info.json"), out)
+    print(f"[{os.path.basename(d)}] {len(modules)} NVFP4 modules; transformers' own load: {hf_note}")
+
+    # ModelOpt twin: same codes and scales, multiplier 1/g, exclude_modules instead of ignore/targets.
+    mo = d + "_modelopt"
+    shutil.rmtree(mo, ignore_errors=True)
+    os.makedirs(mo)
+    for f in ("config.json", "generation_config.json", "reference.safetensors"):
+        shutil.copy(os.path.join(d, f), mo)
+    all_linear = [k[: -len(".weight")] for k, v in tensors.items()
+                  if k.endswith(".weight") and v.dim() == 2 and "embed_tokens" not in k]
+    nvfp4.check_modelopt_exclude(modules, all_linear, exclude)
+    write_single(mo, nvfp4.to_modelopt(ct, modules))
+    section = nvfp4.modelopt_quant_config(exclude)
+    if modelopt_in_config:  # newer exports: config.json's quantization_config, `ignore` for the list
+        qc = {"quant_method": "modelopt", "quant_algo": section["quant_algo"], "group_size": section["group_size"],
+              "ignore": exclude, "kv_cache_scheme": None, "producer": {"name": "modelopt"}}
+        edit_config(mo, lambda c: c.__setitem__("quantization_config", qc))
+    else:  # hf_quant_config.json only
+        edit_config(mo, lambda c: c.pop("quantization_config"))
+        write_json(os.path.join(mo, "hf_quant_config.json"), {"producer": {"name": "modelopt"}, "quantization": section})
+    dump_tensor_list(mo)
+    mo_info = dict(out)
+    mo_info["nvfp4"] = {"encoding": "modelopt", "quantized_modules": len(modules),
+                        "note": f"same codes and scales as {os.path.basename(d)} (weight_scale_2 = 1/weight_global_scale "
+                                "in f32); reference copied from it"}
+    write_json(os.path.join(mo, "info.json"), mo_info)
+    return out
+
+
+def check_hf_compressed_tensors_load(model_cls, d, ref_model, ct, dense):
+    """Cross-check against transformers' own compressed-tensors load of the checkpoint. Dense modules come
+    back as the reference's weights rounded to bf16 (compressed-tensors' decompress rounds). Routed experts
+    come back multiplied by their global scale: transformers 5.24.0 decompresses experts through a module
+    that carries no `weight_global_scale` (integrations/compressed_tensors.py), so it cannot be the oracle
+    for NVFP4 experts. Asserts exactly that and returns a note for info.json."""
+    from transformers import CompressedTensorsConfig
+
+    hf = model_cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
+                                   quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+    ref_sd, hf_sd = ref_model.state_dict(), hf.state_dict()
+    assert set(ref_sd) == set(hf_sd), sorted(set(ref_sd) ^ set(hf_sd))
+    bf16 = lambda t: t.to(torch.bfloat16)  # noqa: E731
+    experts = 0
+    for k, v in ref_sd.items():
+        if torch.equal(hf_sd[k].float(), bf16(v).float()):
+            continue
+        layer, proj = k.rsplit(".mlp.experts.", 1)
+        assert proj in ("gate_up_proj", "down_proj"), f"{k}: transformers' load differs"
+        halves = ("gate_proj", "up_proj") if proj == "gate_up_proj" else ("down_proj",)
+        for e in range(v.shape[0]):
+            mods = [f"{layer}.mlp.experts.{e}.{h}" for h in halves]
+            undivided = torch.cat([dense[m] * ct[f"{m}.weight_global_scale"] for m in mods])
+            assert torch.equal(hf_sd[k][e], bf16(undivided)), f"{k}[{e}]: not the missing-global-scale case"
+        experts += 1
+    if not experts:
+        return "equal to the reference's weights rounded to bf16"
+    return (f"dense modules equal to the reference's weights rounded to bf16; {experts} stacked expert tensors "
+            "come back multiplied by weight_global_scale (transformers 5.24.0 drops it for experts)")
+
+
+def load_reference(d):
+    with safe_open(os.path.join(d, "reference.safetensors"), "pt") as fh:
+        prompt, greedy, logits = (fh.get_tensor(k) for k in ("prompt_ids", "greedy_ids", "logits"))
+    return {"sequence": prompt.tolist() + greedy.tolist()[:-1], "logits": logits}
+
+
+def write_json(path, obj):
+    with open(path, "w") as fh:
+        fh.write(json.dumps(obj, indent=2) + "\n")
+
+
+def qwen35moe_nvfp4(d, seed=41):
+    # Experts and shared expert quantized, selected the way llm-compressor recipes do: class target
+    # `Linear` minus an ignore list of plain names and `re:` patterns.
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    t0 = time.time()
+    layer_types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=4, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        eos_token_id=255,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    ignore = ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*linear_attn\..*", r"re:.*self_attn\..*"]
+    exclude = ["lm_head", "*mlp.gate", "*shared_expert_gate", "*linear_attn*", "*self_attn*"]
+    return _nvfp4(d, seed, Qwen3_5MoeForCausalLM, model, 64, 12, layer_list(layer_types), ["Linear"], ignore, exclude,
+                  modelopt_in_config=False, t0=t0)
+
+
+def laguna_nvfp4(d, seed=42):
+    # Attention projections (q, k, v, o, g) and routed experts quantized, selected by `re:` targets.
+    from transformers import LagunaConfig, LagunaForCausalLM
+
+    t0 = time.time()
+    kw = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_attention_heads_per_layer=[4, 8, 4],
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        sliding_window=20,
+        mlp_layer_types=["dense", "sparse", "sparse"],
+        num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        moe_routed_scaling_factor=1.5, moe_router_logit_softcapping=3.0,
+        gating="per-head", rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
+        rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
+                               "factor": 4.0, "original_max_position_embeddings": 32,
+                               "beta_fast": 16.0, "beta_slow": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0, "partial_rotary_factor": 1.0},
+        },
+        eos_token_id=255,
+    )
+    cfg = LagunaConfig(**kw)
+    torch.manual_seed(seed)
+    model = LagunaForCausalLM(cfg).eval()
+    randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    c = model.config
+    layers = [f"{i}:{c.layer_types[i]}/{c.mlp_layer_types[i]}/heads={c.num_attention_heads_per_layer[i]}"
+              for i in range(c.num_hidden_layers)]
+    targets = [r"re:.*self_attn\.[qkvog]_proj$", r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"]
+    exclude = ["lm_head", "*mlp.gate", "model.layers.0.mlp*", "*shared_expert*"]
+    return _nvfp4(d, seed, LagunaForCausalLM, model, 64, 12, layers, targets, ["lm_head"], exclude,
+                  modelopt_in_config=True, t0=t0)
+
+
 FIXTURES = {
     "qwen35moe_nested": qwen35moe_nested,
     "qwen35moe_text": qwen35moe_text,
     "laguna_a": laguna_a,
     "laguna_b": laguna_b,
     "qwen3moe": qwen3moe,
+    "qwen35moe_nvfp4": qwen35moe_nvfp4,
+    "laguna_nvfp4": laguna_nvfp4,
 }
 
 

@@ -3,8 +3,11 @@
 
 mod loader;
 mod model;
+mod quant;
 mod rope;
 pub mod spec;
 
+/// Reading single weights of a checkpoint (tools and tests; `Model::load` reads them all).
+pub use loader::Loader;
 pub use model::{Logits, Model, SeqState};
 pub use spec::{Family, ModelSpec};

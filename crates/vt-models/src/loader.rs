@@ -3,12 +3,16 @@
 use vt_core::checkpoint::{Checkpoint, TensorRef};
 use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Result, Tensor, Weight};
 
+use crate::quant::QuantConfig;
+
 /// Tensor access under the checkpoint's text-model prefix (`model.` or `model.language_model.`).
 pub struct Loader<'a, B: Backend> {
     pub ckpt: &'a Checkpoint,
     pub backend: &'a B,
     /// Prefix of the decoder's tensors, e.g. `model.language_model.`.
     pub prefix: String,
+    /// The NVFP4 config, when the checkpoint has one.
+    quant: Option<QuantConfig>,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -16,8 +20,11 @@ impl<'a, B: Backend> Loader<'a, B> {
         let prefix = ["model.language_model.", "model."]
             .into_iter()
             .find(|p| ckpt.tensors.contains(&format!("{p}embed_tokens.weight")))
-            .ok_or_else(|| Error::MissingTensor { name: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(), dir: ckpt.dir.clone() })?;
-        Ok(Loader { ckpt, backend, prefix: prefix.to_string() })
+            .ok_or_else(|| Error::MissingTensor {
+                name: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(),
+                dir: ckpt.dir.clone(),
+            })?;
+        Ok(Loader { ckpt, backend, prefix: prefix.to_string(), quant: QuantConfig::from_checkpoint(ckpt)? })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -41,9 +48,14 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.backend.upload(t.dtype, shape, t.bytes)
     }
 
-    /// A matrix `[out, in]` in its stored form.
+    /// The matrix `[out, in]` of module `base` in its stored form: NVFP4 (either encoding) or dense.
     pub fn weight(&self, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
-        let w = Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?);
+        let w = match &self.quant {
+            Some(q) if q.is_nvfp4(base, q.stored_nvfp4(&self.ckpt.tensors, base))? => {
+                Weight::Nvfp4(q.read(self.backend, &self.ckpt.tensors, base, out, inp)?)
+            }
+            _ => Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?),
+        };
         w.validate(base)?;
         Ok(w)
     }
@@ -58,12 +70,19 @@ impl<'a, B: Backend> Loader<'a, B> {
         let stacked = format!("{base}.gate_up_proj");
         let experts = if self.has(&stacked) {
             let gate_up = self.get(&stacked)?;
+            if gate_up.dtype == DType::U8 {
+                let why = "vt reads NVFP4 experts per expert (`experts.{e}.gate_proj`, ...), as compressed-tensors and ModelOpt export them";
+                return Err(Error::tensor(stacked, format!("stacked NVFP4 experts are not supported: {why}")));
+            }
             let down = self.get(&format!("{base}.down_proj"))?;
             check_float(&gate_up)?;
             check_float(&down)?;
             for (t, want) in [(&gate_up, [num, 2 * inter, hidden]), (&down, [num, hidden, inter])] {
                 if t.shape != want {
-                    return Err(Error::tensor(t.name, format!("expected shape {want:?} from config.json, found {:?}", t.shape)));
+                    return Err(Error::tensor(
+                        t.name,
+                        format!("expected shape {want:?} from config.json, found {:?}", t.shape),
+                    ));
                 }
             }
             let (gu_bytes, d_bytes) = (gate_up.bytes.len() / num, down.bytes.len() / num);
