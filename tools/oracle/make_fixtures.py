@@ -614,12 +614,6 @@ def check_hf_compressed_tensors_load(model_cls, d, ref_model, ct, dense):
             "come back multiplied by weight_global_scale (transformers 5.24.0 drops it for experts)")
 
 
-def load_reference(d):
-    with safe_open(os.path.join(d, "reference.safetensors"), "pt") as fh:
-        prompt, greedy, logits = (fh.get_tensor(k) for k in ("prompt_ids", "greedy_ids", "logits"))
-    return {"sequence": prompt.tolist() + greedy.tolist()[:-1], "logits": logits}
-
-
 def write_json(path, obj):
     with open(path, "w") as fh:
         fh.write(json.dumps(obj, indent=2) + "\n")

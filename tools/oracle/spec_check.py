@@ -21,14 +21,34 @@ from safetensors import safe_open
 torch.set_num_threads(1)
 
 
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def nvfp4(packed, scale, multiplier):
+    """NVFP4 from its definition: byte j of a row holds elements 2j (low nibble) and 2j+1 (high
+    nibble), bit 3 of a nibble is the sign; one fp8 e4m3 scale per 16 elements; one f32 multiplier."""
+    codes = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).long()
+    return E2M1[codes] * scale.float().repeat_interleave(16, -1) * multiplier.float()
+
+
 def load_weights(d):
     idx = os.path.join(d, "model.safetensors.index.json")
     files = sorted(set(json.load(open(idx))["weight_map"].values())) if os.path.exists(idx) else ["model.safetensors"]
-    w = {}
+    raw = {}
     for f in files:
         with safe_open(os.path.join(d, f), "pt") as fh:
             for k in fh.keys():
-                w[k] = fh.get_tensor(k).float()
+                raw[k] = fh.get_tensor(k)
+    w = {k: v.float() for k, v in raw.items()}
+    # NVFP4 modules: compressed-tensors (weight_packed, global scale a divisor) or ModelOpt (u8
+    # weight, weight_scale_2 a multiplier).
+    for k, v in raw.items():
+        if k.endswith(".weight_packed"):
+            m = k[: -len(".weight_packed")]
+            w[m + ".weight"] = nvfp4(v, raw[m + ".weight_scale"], 1.0 / raw[m + ".weight_global_scale"])
+        elif k.endswith(".weight_scale_2"):
+            m = k[: -len(".weight_scale_2")]
+            w[m + ".weight"] = nvfp4(raw[m + ".weight"], raw[m + ".weight_scale"], raw[k])
     return w
 
 

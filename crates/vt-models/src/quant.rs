@@ -69,7 +69,7 @@ struct Rule {
 /// does not have; there the checkpoint's tensors decide. A disagreement is an error naming the tensor.
 #[derive(Debug)]
 pub struct QuantConfig {
-    pub encoding: Encoding,
+    encoding: Encoding,
     /// Modules kept in high precision.
     skip: Vec<Rule>,
     /// compressed-tensors targets naming modules.

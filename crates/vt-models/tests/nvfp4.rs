@@ -59,7 +59,7 @@ fn quantized_weights_stay_packed() {
             let ckpt = Checkpoint::open(&fixture(name)).unwrap();
             let ld = Loader::new(&ckpt, &b).unwrap();
             let modules = nvfp4_modules(&ckpt.tensors);
-            assert!(modules.len() > 40, "{name}: {} NVFP4 modules", modules.len());
+            assert!(!modules.is_empty(), "{name}: no NVFP4 modules");
             let (mut bytes, mut weights) = (0, 0);
             for (m, n, k) in &modules {
                 let w = ld.weight(m, *n, *k).unwrap();
