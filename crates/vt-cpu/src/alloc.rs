@@ -5,7 +5,9 @@
 //! system while the backend lives. A request is served by the lowest-addressed free block of
 //! exactly its (64-byte-rounded) size, else carved fresh. Replaying the same sequence of requests
 //! after everything was freed therefore lands every block at exactly the address it had before:
-//! that is how the lifetime tests *command* address reuse instead of hoping for it.
+//! that is how the lifetime tests *command* address reuse instead of hoping for it. (Not LIFO: Rust
+//! drops fields and `Vec` elements front to back, so same-sized blocks are freed in allocation order
+//! and a LIFO free list would hand them out reversed on one round and restored on the next.)
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::{BTreeSet, HashMap};

@@ -1,5 +1,9 @@
-//! Dev-only helpers shared by vt's test suites: committed fixtures, their HF references, and the
-//! comparison rules (max |Δlogit|, greedy ids with the near-tie exception).
+//! Dev-only helpers shared by vt's test suites: committed fixtures, their HF references, the
+//! comparison rules (max |Δlogit|, greedy ids with the near-tie exception), and the engine helpers
+//! of the lifetime tests (`lifetime`, `variant`).
+
+pub mod lifetime;
+pub mod variant;
 
 use std::path::{Path, PathBuf};
 
@@ -45,10 +49,16 @@ impl Reference {
     pub fn load(dir: &Path) -> Reference {
         let path = dir.join("reference.safetensors");
         let store = TensorStore::open_files(dir, &[path]).expect("reference.safetensors");
-        let ids = |n: &str| store.get(n).unwrap().to_i64_vec().unwrap().into_iter().map(|x| x as u32).collect::<Vec<_>>();
+        let ids =
+            |n: &str| store.get(n).unwrap().to_i64_vec().unwrap().into_iter().map(|x| x as u32).collect::<Vec<_>>();
         let logits = store.get("logits").unwrap();
         let vocab = logits.shape[1];
-        Reference { prompt_ids: ids("prompt_ids"), greedy_ids: ids("greedy_ids"), logits: logits.to_f32_vec().unwrap(), vocab }
+        Reference {
+            prompt_ids: ids("prompt_ids"),
+            greedy_ids: ids("greedy_ids"),
+            logits: logits.to_f32_vec().unwrap(),
+            vocab,
+        }
     }
 
     pub fn row(&self, i: usize) -> &[f32] {
