@@ -195,7 +195,10 @@ pub struct Engine<B: Backend> {
 }
 
 impl<B: Backend> Engine<B> {
-    pub fn new(model: Model<B>, config: EngineConfig) -> Self {
+    pub fn new(model: Model<B>, mut config: EngineConfig) -> Self {
+        // A step must be able to make progress.
+        config.max_batch_tokens = config.max_batch_tokens.max(1);
+        config.max_seqs = config.max_seqs.max(1);
         let limits = Limits {
             spec: model.spec().clone(),
             act_bytes: model.backend().activation_dtype().bytes_for(1).unwrap_or(4),
