@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::rows::{dot, RowSource};
+use super::rows::RowSource;
 
 const ROW_BLOCK: usize = 16;
 
@@ -16,12 +16,11 @@ pub unsafe fn matmul(x: &[f32], t: usize, k: usize, src: RowSource, n: usize) ->
         .into_par_iter()
         .map(|b| {
             let rows = (b * ROW_BLOCK)..((b + 1) * ROW_BLOCK).min(n);
-            let mut w = vec![0.0f32; k];
-            let mut out = Vec::with_capacity(rows.len() * t);
-            for r in rows {
+            let mut scratch = vec![0.0f32; k];
+            let mut out = vec![0.0f32; rows.len() * t];
+            for (r, col) in rows.zip(out.chunks_exact_mut(t.max(1))) {
                 // SAFETY: `r < n` and the caller keeps the `n` rows alive.
-                unsafe { src.decode_row(r, &mut w) };
-                out.extend((0..t).map(|i| dot(&x[i * k..(i + 1) * k], &w)));
+                unsafe { src.dot_row(r, x, &mut scratch, col) };
             }
             out
         })

@@ -1,7 +1,8 @@
-//! Reading one weight row as f32: the inner loop of every CPU matmul.
+//! Dot products of one weight row with token vectors: the inner loop of every CPU matmul.
 //!
-//! Weights stay in their stored form; a row is decoded into a scratch buffer only while it is used.
-//! NVFP4 rows decode one 16-element block at a time: `e2m1(code) * f8(scale) * global`.
+//! Weights stay in their stored form. A dense row is decoded into a scratch buffer while it is
+//! used; an NVFP4 row is decoded one 16-element block at a time inside the dot product:
+//! `e2m1(code) * f8(scale) * global`.
 
 use vt_core::dtype::{decode_into, e2m1_to_f32, f8e4m3_to_f32};
 use vt_core::{DType, Weight, NVFP4_GROUP};
@@ -11,9 +12,18 @@ use crate::CpuBackend;
 /// Where the rows of one `[n, k]` matrix live, as raw addresses (see `moe.rs` for why raw).
 #[derive(Clone, Copy, Debug)]
 pub enum RowSource {
-    Dense { ptr: *const u8, dtype: DType, k: usize },
+    Dense {
+        ptr: *const u8,
+        dtype: DType,
+        k: usize,
+    },
     /// `global[row % 2]` scales a row: fused gate/up pairs keep each half's own multiplier.
-    Nvfp4 { codes: *const u8, scales: *const u8, global: [f32; 2], k: usize },
+    Nvfp4 {
+        codes: *const u8,
+        scales: *const u8,
+        global: [f32; 2],
+        k: usize,
+    },
 }
 
 // SAFETY: a RowSource is only a description of read-only memory; whoever dereferences it
@@ -25,7 +35,9 @@ unsafe impl Sync for RowSource {}
 impl RowSource {
     pub fn of(w: &Weight<CpuBackend>) -> RowSource {
         match w {
-            Weight::Dense(t) => RowSource::Dense { ptr: t.buffer().bytes().as_ptr(), dtype: t.dtype(), k: t.shape()[1] },
+            Weight::Dense(t) => {
+                RowSource::Dense { ptr: t.buffer().bytes().as_ptr(), dtype: t.dtype(), k: t.shape()[1] }
+            }
             Weight::Nvfp4(q) => RowSource::Nvfp4 {
                 codes: q.codes.buffer().bytes().as_ptr(),
                 scales: q.scales.buffer().bytes().as_ptr(),
@@ -43,37 +55,49 @@ impl RowSource {
         }
     }
 
-    /// Decodes row `row` into `out` (`k` floats).
+    /// `out[i] = dot(row, x[i])` for the `out.len()` token vectors of `x` (`k` floats each).
+    /// Dense rows are decoded once into `scratch` (`k` floats); NVFP4 rows are decoded one block
+    /// of 16 at a time inside the dot product, never as a whole row.
     ///
     /// # Safety
     /// The memory described must be alive and hold at least `row + 1` rows.
-    pub unsafe fn decode_row(&self, row: usize, out: &mut [f32]) {
+    pub unsafe fn dot_row(&self, row: usize, x: &[f32], scratch: &mut [f32], out: &mut [f32]) {
         let (rb, sb) = self.row_bytes();
         match *self {
-            RowSource::Dense { ptr, dtype, .. } => {
+            RowSource::Dense { ptr, dtype, k } => {
                 // SAFETY: the caller guarantees `row + 1` rows of `rb` bytes are alive at `ptr`.
                 let bytes = unsafe { std::slice::from_raw_parts(ptr.add(row * rb), rb) };
-                decode_into(dtype, bytes, out);
+                decode_into(dtype, bytes, &mut scratch[..k]);
+                for (o, xi) in out.iter_mut().zip(x.chunks_exact(k)) {
+                    *o = dot(xi, &scratch[..k]);
+                }
             }
             RowSource::Nvfp4 { codes, scales, global, k } => {
                 // SAFETY: as above, for the codes (`k/2` bytes a row) and scales (`k/16` a row).
                 let (c, s) = unsafe {
-                    (std::slice::from_raw_parts(codes.add(row * rb), rb), std::slice::from_raw_parts(scales.add(row * sb), sb))
+                    (
+                        std::slice::from_raw_parts(codes.add(row * rb), rb),
+                        std::slice::from_raw_parts(scales.add(row * sb), sb),
+                    )
                 };
-                decode_nvfp4_row(c, s, global[row % 2], &mut out[..k]);
+                out.fill(0.0);
+                let mut block = [0.0f32; NVFP4_GROUP];
+                for (b, (code_block, &scale)) in c.chunks_exact(NVFP4_GROUP / 2).zip(s).enumerate() {
+                    decode_nvfp4_block(code_block, f8e4m3_to_f32(scale) * global[row % 2], &mut block);
+                    for (o, xi) in out.iter_mut().zip(x.chunks_exact(k)) {
+                        *o += dot(&xi[b * NVFP4_GROUP..(b + 1) * NVFP4_GROUP], &block);
+                    }
+                }
             }
         }
     }
 }
 
-/// One NVFP4 row: `codes` `k/2` bytes (even element low nibble), `scales` `k/16` fp8 bytes.
-pub fn decode_nvfp4_row(codes: &[u8], scales: &[u8], global: f32, out: &mut [f32]) {
-    for ((block, code_block), &scale) in out.chunks_exact_mut(NVFP4_GROUP).zip(codes.chunks_exact(NVFP4_GROUP / 2)).zip(scales) {
-        let s = f8e4m3_to_f32(scale) * global;
-        for (pair, &byte) in block.chunks_exact_mut(2).zip(code_block) {
-            pair[0] = e2m1_to_f32(byte & 0x0f) * s;
-            pair[1] = e2m1_to_f32(byte >> 4) * s;
-        }
+/// One NVFP4 block: 8 bytes of codes (even element in the low nibble) times its scale.
+pub fn decode_nvfp4_block(codes: &[u8], scale: f32, out: &mut [f32; NVFP4_GROUP]) {
+    for (pair, &byte) in out.chunks_exact_mut(2).zip(codes) {
+        pair[0] = e2m1_to_f32(byte & 0x0f) * scale;
+        pair[1] = e2m1_to_f32(byte >> 4) * scale;
     }
 }
 
