@@ -128,6 +128,9 @@ impl<B: Backend> Model<B> {
         let p = ld.prefix.clone();
         let h = spec.hidden;
         let embed = ld.linear(&format!("{p}embed_tokens"), spec.vocab, h)?;
+        if !matches!(embed.weight, vt_core::Weight::Dense(_)) {
+            return Err(Error::tensor(format!("{p}embed_tokens"), "quantized embeddings are not supported"));
+        }
         let layers = spec
             .layers
             .iter()
