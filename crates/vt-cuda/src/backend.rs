@@ -309,7 +309,9 @@ impl Backend for CudaBackend {
         let out = self.empty(DType::BF16, &with_last(x.shape(), n))?;
         let py = out.buffer().ptr();
         if let Weight::Dense(wt) = &w.weight {
-            if wt.dtype() == DType::BF16 {
+            // cuBLASLt's bf16 kernels want 16-byte aligned rows; odd shapes (router-sized outputs,
+            // per-head gates) take the simple kernel.
+            if wt.dtype() == DType::BF16 && n % 8 == 0 && k % 8 == 0 {
                 // SAFETY: x holds t * k, the weight n * k and out t * n bf16 values, all alive
                 // until the stream runs the GEMM (buffers free in stream order).
                 unsafe { self.inner.gemm.bf16_xwt(self.stream(), px, wt.buffer().ptr(), py, t, n, k)? };

@@ -1,0 +1,302 @@
+//! Every Backend op on fresh random inputs, CPU reference (f32) against CUDA (bf16 activations):
+//! each test body is one generic function run on both backends. Inputs are rounded to bf16 first,
+//! so both backends see the same values and the difference is the GPU's arithmetic alone.
+//!
+//! Error measure: max |cuda - cpu| / max |cpu| (error relative to the output's scale). CUDA rounds
+//! each op's output to bf16 once (relative error <= u/2, u = 2^-8) and accumulates in f32, so the
+//! bound is `u` for every op; ops that round an intermediate to bf16 on the way (the norms'
+//! normalised row is not, the MoE expert activations are not) would take `2u`. A summary line per
+//! op prints the worst error found (`--nocapture`).
+#![cfg(feature = "cuda")]
+
+use vt_core::{
+    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, NormKind, Nvfp4, Rope,
+    Router, RouterKind, Tensor, Weight,
+};
+use vt_cpu::CpuBackend;
+use vt_cuda::CudaBackend;
+
+/// bf16 unit roundoff.
+const U: f32 = 1.0 / 256.0;
+
+struct Rng(u64);
+
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// `n` values uniform in [-scale, scale), rounded to bf16.
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| half::bf16::from_f32(self.f32() * scale).to_f32()).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.f32().to_bits() >> 8) as u8).collect()
+    }
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()
+}
+
+/// A weight's stored form, uploadable to any backend.
+#[derive(Clone)]
+enum HostWeight {
+    Bf16 { n: usize, k: usize, v: Vec<f32> },
+    F32 { n: usize, k: usize, v: Vec<f32> },
+    Nvfp4 { n: usize, k: usize, codes: Vec<u8>, scales: Vec<u8>, global: f32 },
+}
+
+impl HostWeight {
+    fn bf16(r: &mut Rng, n: usize, k: usize) -> Self {
+        HostWeight::Bf16 { n, k, v: r.vec(n * k, 1.0 / (k as f32).sqrt()) }
+    }
+    fn f32(r: &mut Rng, n: usize, k: usize) -> Self {
+        HostWeight::F32 { n, k, v: (0..n * k).map(|_| r.f32() / (k as f32).sqrt()).collect() }
+    }
+    /// Random codes; scales are fp8 e4m3 with exponents around 2^-3 (no NaN codes).
+    fn nvfp4(r: &mut Rng, n: usize, k: usize) -> Self {
+        let scales = r.bytes(n * k / 16).into_iter().map(|b| 0x20 + (b & 0x1f)).collect();
+        HostWeight::Nvfp4 { n, k, codes: r.bytes(n * k / 2), scales, global: 0.37 }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            HostWeight::Bf16 { .. } => "bf16",
+            HostWeight::F32 { .. } => "f32",
+            HostWeight::Nvfp4 { .. } => "nvfp4",
+        }
+    }
+    fn upload<B: Backend>(&self, b: &B) -> Weight<B> {
+        match self {
+            HostWeight::Bf16 { n, k, v } => Weight::Dense(b.upload(DType::BF16, &[*n, *k], &bf16_bytes(v)).unwrap()),
+            HostWeight::F32 { n, k, v } => Weight::Dense(b.upload(DType::F32, &[*n, *k], bytemuck_f32(v)).unwrap()),
+            HostWeight::Nvfp4 { n, k, codes, scales, global } => Weight::Nvfp4(Nvfp4 {
+                codes: b.upload(DType::F4x2, &[*n, *k], codes).unwrap(),
+                scales: b.upload(DType::F8E4M3, &[*n, *k / 16], scales).unwrap(),
+                global_scale: *global,
+            }),
+        }
+    }
+}
+
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 4) }
+}
+
+fn act<B: Backend>(b: &B, shape: &[usize], v: &[f32]) -> Tensor<B> {
+    b.from_f32(shape, v).unwrap()
+}
+
+fn small<B: Backend>(b: &B, v: &[f32]) -> Tensor<B> {
+    b.upload(DType::BF16, &[v.len()], &bf16_bytes(v)).unwrap()
+}
+
+fn cuda() -> CudaBackend {
+    CudaBackend::new().expect("CUDA backend")
+}
+
+/// Expands `$body` once with `$b` a CPU backend and once with a CUDA backend, then compares.
+macro_rules! on_both {
+    ($op:expr, $bound:expr, |$b:ident| $body:block) => {{
+        let cpu: Vec<f32> = {
+            let $b = &CpuBackend::new();
+            $body
+        };
+        let gpu: Vec<f32> = {
+            let $b = &cuda();
+            $body
+        };
+        report($op, $bound, &gpu, &cpu);
+    }};
+}
+
+fn report(op: &str, bound: f32, cuda: &[f32], cpu: &[f32]) {
+    assert_eq!(cuda.len(), cpu.len(), "{op}: output sizes differ");
+    let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let err = cuda.iter().zip(cpu).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max) / scale;
+    println!("op {op}: max |cuda - cpu| / max |cpu| = {err:.3e} (bound {bound:.3e}, {} values)", cpu.len());
+    assert!(err.is_finite() && err <= bound, "{op}: relative error {err:.3e} > {bound:.3e}");
+}
+
+fn out<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
+    b.to_f32(t).unwrap()
+}
+
+#[test]
+fn elementwise_and_norm_ops() {
+    let mut r = Rng(0x1234_5678);
+    let (t, d) = (37, 160);
+    let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
+    let table = r.vec(50 * d, 1.0);
+    let ids = [3u32, 49, 0, 7, 7];
+    on_both!("embedding", U, |b| {
+        out(b, &b.embedding(&b.upload(DType::BF16, &[50, d], &bf16_bytes(&table)).unwrap(), &ids).unwrap())
+    });
+    for kind in [NormKind::Plain, NormKind::UnitOffset] {
+        on_both!(&format!("rms_norm {kind:?}"), U, |b| {
+            out(b, &b.rms_norm(&act(b, &[t, d], &x), &small(b, &w), 1e-6, kind).unwrap())
+        });
+    }
+    on_both!("rms_norm_gated", U, |b| {
+        out(b, &b.rms_norm_gated(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &small(b, &w), 1e-6).unwrap())
+    });
+    on_both!("add", U, |b| { out(b, &b.add(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
+    on_both!("swiglu", U, |b| { out(b, &b.swiglu(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
+    on_both!("gate sigmoid per element", U, |b| {
+        out(b, &b.gate(&act(b, &[t, d], &x), &act(b, &[t, d], &y), GateAct::Sigmoid).unwrap())
+    });
+    on_both!("gate softplus per group", U, |b| {
+        out(b, &b.gate(&act(b, &[t, d], &x), &act(b, &[t, 5], &y[..t * 5]), GateAct::Softplus).unwrap())
+    });
+    on_both!("narrow_cols", 0.0, |b| { out(b, &b.narrow_cols(&act(b, &[t, d], &x), 17, 40).unwrap()) });
+    on_both!("slice_rows", 0.0, |b| { out(b, &b.slice_rows(&act(b, &[t, d], &x), 5, 9).unwrap()) });
+    on_both!("concat_rows", 0.0, |b| {
+        let (p, q) = (act(b, &[3, d], &x[..3 * d]), act(b, &[t, d], &y));
+        out(b, &b.concat_rows(&[&p, &q]).unwrap())
+    });
+    // Partial rotary (rotary dim 12 of head dim 16) with YaRN-style scaling, from position 1000.
+    let rope = Rope { inv_freq: (0..6).map(|i| 10000f32.powf(-(i as f32) / 6.0)).collect(), attention_scaling: 1.15 };
+    on_both!("rope", U, |b| { out(b, &b.rope(&act(b, &[t, 10, 16], &x), 1000, &rope).unwrap()) });
+}
+
+#[test]
+fn linear_every_weight_format() {
+    let mut r = Rng(0xfeed);
+    // Aligned shapes go to cuBLASLt, the rest (n = 1, 6: per-head gates) to the simple kernel.
+    for (n, k) in [(96, 64), (307, 160), (24, 512), (1, 72), (6, 80)] {
+        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
+            for t in [1, 37, 111] {
+                let x = r.vec(t * k, 2.0);
+                on_both!(&format!("linear {} [{n}, {k}] t={t}", hw.name()), U, |b| {
+                    let lin = Linear::new(b, hw.upload(b));
+                    out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_full_and_windowed_across_calls() {
+    let mut r = Rng(0xa77e);
+    // Head shapes of a generic GQA layer and of the qwen35moe fixtures.
+    for (hq, hkv, d) in [(6, 2, 32), (4, 2, 40)] {
+        // A prefill longer than the window, then two single-token steps and a short chunk.
+        let steps = [70usize, 1, 1, 5];
+        let total: usize = steps.iter().sum();
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        for window in [None, Some(16)] {
+            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+            on_both!(&format!("attention [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
+                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+                let (mut s, mut all) = (0, Vec::new());
+                for &n in &steps {
+                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+                    all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
+                    s += n;
+                }
+                all
+            });
+        }
+    }
+}
+
+#[test]
+fn conv_and_gated_delta_rule_across_calls() {
+    let mut r = Rng(0x6d4e);
+    let (c, kern) = (48, 4);
+    let steps = [19usize, 1, 2, 1];
+    let total: usize = steps.iter().sum();
+    let (x, w) = (r.vec(total * c, 2.0), r.vec(c * kern, 0.7));
+    on_both!("causal_conv1d", U, |b| {
+        let wt = b.upload(DType::BF16, &[c, kern], &bf16_bytes(&w)).unwrap();
+        let mut state = b.zeros(&[c, kern - 1]).unwrap();
+        let (mut s, mut all) = (0, Vec::new());
+        for &n in &steps {
+            all.extend(out(b, &b.causal_conv1d(&act(b, &[n, c], &x[s * c..(s + n) * c]), &wt, &mut state).unwrap()));
+            s += n;
+        }
+        all
+    });
+    // A generic head layout and those of the qwen35moe fixtures.
+    for (kh, vh, dk, dv) in [(2, 4, 32, 48), (2, 4, 24, 20), (2, 6, 20, 28)] {
+        let steps = [70usize, 1, 1, 3];
+        let total: usize = steps.iter().sum();
+        let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
+        let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
+        let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
+        on_both!(&format!("gated_delta_rule [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
+            let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
+            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+            let (mut s, mut all) = (0, Vec::new());
+            for &n in &steps {
+                let qt = act(b, &[n, kh, dk], &q[s * kh * dk..(s + n) * kh * dk]);
+                let kt = act(b, &[n, kh, dk], &k[s * kh * dk..(s + n) * kh * dk]);
+                let vt = act(b, &[n, vh, dv], &v[s * vh * dv..(s + n) * vh * dv]);
+                let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
+                let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
+                let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
+                let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
+                all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
+                s += n;
+            }
+            all.extend(out(b, &state));
+            all
+        });
+    }
+}
+
+#[test]
+fn moe_every_router_and_expert_format() {
+    let mut r = Rng(0x30e);
+    let (t, h, inter, n_exp) = (29, 64, 32, 8);
+    let kinds = [
+        RouterKind::Softmax { top_k: 2, renormalize: true },
+        RouterKind::Softmax { top_k: 3, renormalize: false },
+        RouterKind::Sigmoid { top_k: 2, softcap: Some(3.0), renormalize: true, routed_scaling: 2.5 },
+    ];
+    let x = r.vec(t * h, 2.0);
+    let router_w = HostWeight::bf16(&mut r, n_exp, h);
+    let bias = r.vec(n_exp, 0.1);
+    for format in ["bf16", "nvfp4"] {
+        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
+            .map(|_| match format {
+                "bf16" => [
+                    HostWeight::bf16(&mut r, inter, h),
+                    HostWeight::bf16(&mut r, inter, h),
+                    HostWeight::bf16(&mut r, h, inter),
+                ],
+                _ => [
+                    HostWeight::nvfp4(&mut r, inter, h),
+                    HostWeight::nvfp4(&mut r, inter, h),
+                    HostWeight::nvfp4(&mut r, h, inter),
+                ],
+            })
+            .collect();
+        for kind in &kinds {
+            on_both!(&format!("moe {format} {kind:?}"), U, |b| {
+                let ex = experts
+                    .iter()
+                    .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
+                    .collect();
+                let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+                let router = Router {
+                    weight: Linear::new(b, router_w.upload(b)),
+                    kind: kind.clone(),
+                    correction_bias: sigmoid.then(|| small(b, &bias)),
+                };
+                // Twice: the second call reads the resident expert table built by the first.
+                let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
+                assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
+                first
+            });
+        }
+    }
+}
