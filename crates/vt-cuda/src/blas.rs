@@ -43,6 +43,7 @@ impl Gemm {
     /// # Safety
     /// The three addresses must hold those many bf16 values and stay alive until the stream
     /// has run the GEMM.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn bf16_xwt(
         &self,
         stream: &CudaStream,

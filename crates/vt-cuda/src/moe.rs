@@ -90,7 +90,7 @@ fn router_args(kind: &RouterKind) -> Result<(i32, i32, f32, f32)> {
         RouterKind::Softmax { renormalize, .. } => (0, renormalize as i32, 0.0, 1.0),
         RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => {
             let cap = softcap.unwrap_or(0.0);
-            if softcap.is_some() && !(cap > 0.0) {
+            if softcap.is_some_and(|c| c.is_nan() || c <= 0.0) {
                 return Err(Error::backend("cuda", format!("moe: router softcap {cap} must be positive")));
             }
             (1, renormalize as i32, cap, routed_scaling)
