@@ -19,7 +19,17 @@ fn logits_writes_prompt_logits_matching_reference() {
     let r = Reference::load(&dir);
     let out = std::env::temp_dir().join(format!("vt-cli-logits-{}.safetensors", std::process::id()));
     let status = vt()
-        .args(["logits", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids_arg(&r.prompt_ids), "--out", out.to_str().unwrap(), "--backend", "cpu"])
+        .args([
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &ids_arg(&r.prompt_ids),
+            "--out",
+            out.to_str().unwrap(),
+            "--backend",
+            "cpu",
+        ])
         .status()
         .unwrap();
     assert!(status.success());
@@ -39,7 +49,15 @@ fn generate_json_last_line_holds_generated_ids() {
         let r = Reference::load(&dir);
         let out = vt()
             .args(["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids_arg(&r.prompt_ids)])
-            .args(["--max-new-tokens", &r.greedy_ids.len().to_string(), "--temperature", "0", "--json", "--backend", "cpu"])
+            .args([
+                "--max-new-tokens",
+                &r.greedy_ids.len().to_string(),
+                "--temperature",
+                "0",
+                "--json",
+                "--backend",
+                "cpu",
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -127,7 +127,10 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
         let width = parts.first().map_or(0, |p| p.last_dim());
         if let Some(p) = parts.iter().find(|p| p.last_dim() != width) {
-            return Err(crate::Error::backend(self.name(), format!("concat_rows: width {} differs from {width}", p.last_dim())));
+            return Err(crate::Error::backend(
+                self.name(),
+                format!("concat_rows: width {} differs from {width}", p.last_dim()),
+            ));
         }
         let mut data = Vec::new();
         for p in parts {
@@ -156,7 +159,12 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// The gated delta rule with l2-normalised q, k and `1/sqrt(key_dim)` scaling; `state` f32
     /// `[value_heads, key_dim, value_dim]` is read and updated. Value head `h` uses key head
     /// `h / (value_heads / key_heads)`. Returns `[t, value_heads, value_dim]`.
-    fn gated_delta_rule(&self, inputs: &GdnInputs<'_, Self>, state: &mut Tensor<Self>, mode: GdnMode) -> Result<Tensor<Self>>;
+    fn gated_delta_rule(
+        &self,
+        inputs: &GdnInputs<'_, Self>,
+        state: &mut Tensor<Self>,
+        mode: GdnMode,
+    ) -> Result<Tensor<Self>>;
 
     /// Routed experts of one MoE layer for `x` `[t, hidden]` (no shared expert).
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>>;

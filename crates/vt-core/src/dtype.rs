@@ -117,9 +117,7 @@ mod tests {
 
     #[test]
     fn e2m1_all_sixteen_codes() {
-        let expected = [
-            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
-        ];
+        let expected = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
         for (code, want) in expected.iter().enumerate() {
             let got = e2m1_to_f32(code as u8);
             assert_eq!(got.to_bits(), f32::to_bits(*want), "code {code}");

@@ -21,11 +21,7 @@ pub enum Error {
     #[error("{path}: invalid safetensors file: {reason}")]
     Safetensors { path: PathBuf, reason: String },
     #[error("{file}: config field `{field}`: {reason}")]
-    Config {
-        file: PathBuf,
-        field: String,
-        reason: String,
-    },
+    Config { file: PathBuf, field: String, reason: String },
     #[error("tensor `{name}` not found in the checkpoint at {dir}")]
     MissingTensor { name: String, dir: PathBuf },
     #[error("tensor `{name}`: {reason}")]
@@ -35,18 +31,12 @@ pub enum Error {
     #[error("invalid input: {0}")]
     Input(String),
     #[error("backend {backend}: {reason}")]
-    Backend {
-        backend: &'static str,
-        reason: String,
-    },
+    Backend { backend: &'static str, reason: String },
 }
 
 impl Error {
     pub fn tensor(name: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Tensor {
-            name: name.into(),
-            reason: reason.into(),
-        }
+        Error::Tensor { name: name.into(), reason: reason.into() }
     }
 
     pub fn input(reason: impl Into<String>) -> Self {
@@ -54,9 +44,6 @@ impl Error {
     }
 
     pub fn backend(backend: &'static str, reason: impl Into<String>) -> Self {
-        Error::Backend {
-            backend,
-            reason: reason.into(),
-        }
+        Error::Backend { backend, reason: reason.into() }
     }
 }

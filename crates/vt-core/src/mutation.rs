@@ -14,10 +14,7 @@ type Derived = Arc<dyn Any + Send + Sync>;
 
 static ADDRESS_KEYED_CACHE: Mutex<Option<HashMap<usize, Derived>>> = Mutex::new(None);
 
-pub(crate) fn address_keyed_lookup(
-    addr: usize,
-    build: impl FnOnce() -> Result<Derived>,
-) -> Result<Derived> {
+pub(crate) fn address_keyed_lookup(addr: usize, build: impl FnOnce() -> Result<Derived>) -> Result<Derived> {
     let mut guard = ADDRESS_KEYED_CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
     if let Some(hit) = map.get(&addr) {

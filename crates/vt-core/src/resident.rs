@@ -26,12 +26,7 @@ pub struct ResidentSlot<B: Backend> {
 impl<B: Backend> ResidentSlot<B> {
     /// An empty slot for a weight of `backend` whose storage starts at `storage_addr`.
     pub fn new(backend: &B, storage_addr: usize) -> Self {
-        ResidentSlot {
-            cell: OnceLock::new(),
-            backend_id: backend.instance_id(),
-            storage_addr,
-            _backend: PhantomData,
-        }
+        ResidentSlot { cell: OnceLock::new(), backend_id: backend.instance_id(), storage_addr, _backend: PhantomData }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -40,11 +35,7 @@ impl<B: Backend> ResidentSlot<B> {
 
     /// The derived state, built by `build` on first use. Concurrent first uses may both build;
     /// exactly one result is kept and every caller sees that one.
-    pub fn get_or_try_init<R: Any + Send + Sync>(
-        &self,
-        backend: &B,
-        build: impl FnOnce() -> Result<R>,
-    ) -> Result<&R> {
+    pub fn get_or_try_init<R: Any + Send + Sync>(&self, backend: &B, build: impl FnOnce() -> Result<R>) -> Result<&R> {
         if backend.instance_id() != self.backend_id {
             return Err(Error::backend(
                 backend.name(),
@@ -84,9 +75,6 @@ impl<B: Backend> ResidentSlot<B> {
 
 impl<B: Backend> std::fmt::Debug for ResidentSlot<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResidentSlot")
-            .field("filled", &!self.is_empty())
-            .field("backend_id", &self.backend_id)
-            .finish()
+        f.debug_struct("ResidentSlot").field("filled", &!self.is_empty()).field("backend_id", &self.backend_id).finish()
     }
 }

@@ -48,16 +48,9 @@ impl<B: Backend> Tensor<B> {
     /// Same buffer, new shape with the same element count.
     pub fn reshape(self, shape: &[usize]) -> Result<Self> {
         if shape.iter().product::<usize>() != self.numel() {
-            return Err(Error::input(format!(
-                "cannot reshape {:?} to {:?}",
-                self.shape, shape
-            )));
+            return Err(Error::input(format!("cannot reshape {:?} to {:?}", self.shape, shape)));
         }
-        Ok(Tensor {
-            buf: self.buf,
-            dtype: self.dtype,
-            shape: shape.to_vec(),
-        })
+        Ok(Tensor { buf: self.buf, dtype: self.dtype, shape: shape.to_vec() })
     }
 }
 

@@ -69,12 +69,20 @@ impl<B: Backend> Weight<B> {
             Weight::Nvfp4(q) => {
                 let (n, k) = (q.codes.shape()[0], q.codes.shape()[1]);
                 if k % NVFP4_GROUP != 0 {
-                    return Err(Error::tensor(name, format!("NVFP4 input size {k} is not a multiple of {NVFP4_GROUP}")));
+                    return Err(Error::tensor(
+                        name,
+                        format!("NVFP4 input size {k} is not a multiple of {NVFP4_GROUP}"),
+                    ));
                 }
                 if q.scales.shape() != [n, k / NVFP4_GROUP] || q.scales.dtype() != DType::F8E4M3 {
                     return Err(Error::tensor(
                         name,
-                        format!("NVFP4 scales must be F8_E4M3 [{n}, {}], found {} {:?}", k / NVFP4_GROUP, q.scales.dtype(), q.scales.shape()),
+                        format!(
+                            "NVFP4 scales must be F8_E4M3 [{n}, {}], found {} {:?}",
+                            k / NVFP4_GROUP,
+                            q.scales.dtype(),
+                            q.scales.shape()
+                        ),
                     ));
                 }
                 if !q.global_scale.is_finite() {
@@ -141,7 +149,10 @@ impl<B: Backend> MoeExperts<B> {
                 let what = format!("{name}.{e}.{part}");
                 w.validate(&what)?;
                 if w.dims() != want {
-                    return Err(Error::tensor(what, format!("expected shape {:?}, found {:?}", [want.0, want.1], [w.dims().0, w.dims().1])));
+                    return Err(Error::tensor(
+                        what,
+                        format!("expected shape {:?}, found {:?}", [want.0, want.1], [w.dims().0, w.dims().1]),
+                    ));
                 }
             }
         }

@@ -16,13 +16,22 @@ pub struct RopeParams<'a> {
 fn num(cfg: &Config, p: &RopeParams, key: &str) -> Result<Option<f64>> {
     match p.params.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| cfg.error(&format!("{}.{key}", p.field), format!("expected a number, found {v}"))),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| cfg.error(&format!("{}.{key}", p.field), format!("expected a number, found {v}"))),
     }
 }
 
 /// Inverse frequencies for `head_dim`, given `rope_theta` and `partial_rotary_factor` defaults
 /// for parameters the set leaves out.
-pub fn rope_from_params(cfg: &Config, p: &RopeParams, head_dim: usize, default_theta: f64, default_partial: f64) -> Result<Rope> {
+pub fn rope_from_params(
+    cfg: &Config,
+    p: &RopeParams,
+    head_dim: usize,
+    default_theta: f64,
+    default_partial: f64,
+) -> Result<Rope> {
     let theta = num(cfg, p, "rope_theta")?.unwrap_or(default_theta);
     let partial = num(cfg, p, "partial_rotary_factor")?.unwrap_or(default_partial);
     let dim = (head_dim as f64 * partial) as usize;
@@ -33,17 +42,23 @@ pub fn rope_from_params(cfg: &Config, p: &RopeParams, head_dim: usize, default_t
     let pos_freqs: Vec<f32> = (0..dim).step_by(2).map(|i| (theta as f32).powf(i as f32 / dim as f32)).collect();
     let rope_type = match p.params.get("rope_type").or_else(|| p.params.get("type")) {
         None => "default",
-        Some(v) => v.as_str().ok_or_else(|| cfg.error(&format!("{}.rope_type", p.field), format!("expected a string, found {v}")))?,
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| cfg.error(&format!("{}.rope_type", p.field), format!("expected a string, found {v}")))?,
     };
     match rope_type {
         "default" => Ok(Rope { inv_freq: pos_freqs.iter().map(|f| 1.0 / f).collect(), attention_scaling: 1.0 }),
         "yarn" => yarn(cfg, p, theta, dim, &pos_freqs),
-        other => Err(cfg.error(&format!("{}.rope_type", p.field), format!("unsupported rope type `{other}` (vt supports `default` and `yarn`)"))),
+        other => Err(cfg.error(
+            &format!("{}.rope_type", p.field),
+            format!("unsupported rope type `{other}` (vt supports `default` and `yarn`)"),
+        )),
     }
 }
 
 fn yarn(cfg: &Config, p: &RopeParams, base: f64, dim: usize, pos_freqs: &[f32]) -> Result<Rope> {
-    let need = |key: &str| num(cfg, p, key)?.ok_or_else(|| cfg.error(&format!("{}.{key}", p.field), "required for yarn rope"));
+    let need =
+        |key: &str| num(cfg, p, key)?.ok_or_else(|| cfg.error(&format!("{}.{key}", p.field), "required for yarn rope"));
     let factor = need("factor")?;
     let original_max = need("original_max_position_embeddings")?;
     let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
@@ -56,7 +71,9 @@ fn yarn(cfg: &Config, p: &RopeParams, base: f64, dim: usize, pos_freqs: &[f32]) 
     };
     let beta_fast = num(cfg, p, "beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0);
     let beta_slow = num(cfg, p, "beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0);
-    let correction_dim = |rotations: f64| (dim as f64 * (original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln());
+    let correction_dim = |rotations: f64| {
+        (dim as f64 * (original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+    };
     let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
     if p.truncate {
         low = low.floor();

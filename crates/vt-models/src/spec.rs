@@ -57,7 +57,9 @@ pub enum AttnGate {
     /// Qwen3.5: `q_proj` yields `[q | gate]` per head; output times `sigmoid(gate)` per element.
     SigmoidFromQProj,
     /// Laguna: output times `softplus(g_proj(x))`, one gate per head or per element.
-    Softplus { per_head: bool },
+    Softplus {
+        per_head: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -94,9 +96,13 @@ pub struct MoeSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SharedExpert {
     None,
-    Plain { intermediate: usize },
+    Plain {
+        intermediate: usize,
+    },
     /// Scaled by `sigmoid(shared_expert_gate(x))`.
-    SigmoidGated { intermediate: usize },
+    SigmoidGated {
+        intermediate: usize,
+    },
 }
 
 impl ModelSpec {
@@ -134,7 +140,9 @@ fn eos_ids(cfg: &Config) -> Result<Vec<u32>> {
 /// A per-layer list of length `layers`, or an error naming the field.
 fn per_layer<T>(cfg: &Config, field: &str, list: Option<Vec<T>>, layers: usize) -> Result<Option<Vec<T>>> {
     match list {
-        Some(l) if l.len() != layers => Err(cfg.error(field, format!("has {} entries but num_hidden_layers is {layers}", l.len()))),
+        Some(l) if l.len() != layers => {
+            Err(cfg.error(field, format!("has {} entries but num_hidden_layers is {layers}", l.len())))
+        }
         other => Ok(other),
     }
 }
@@ -177,7 +185,13 @@ fn global_rope(cfg: &Config, head_dim: usize, default_partial: f64) -> Result<Ro
     let truncate = params.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true);
     let default_theta = cfg.opt_f64("rope_theta")?.unwrap_or(10000.0);
     let default_partial = cfg.opt_f64("partial_rotary_factor")?.unwrap_or(default_partial);
-    rope_from_params(cfg, &RopeParams { params, field: "rope_parameters".into(), truncate }, head_dim, default_theta, default_partial)
+    rope_from_params(
+        cfg,
+        &RopeParams { params, field: "rope_parameters".into(), truncate },
+        head_dim,
+        default_theta,
+        default_partial,
+    )
 }
 
 fn qwen35(cfg: &Config) -> Result<ModelSpec> {
@@ -190,7 +204,9 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
             if interval == 0 {
                 return Err(cfg.error("full_attention_interval", "must be positive"));
             }
-            (0..n).map(|i| if (i + 1) % interval == 0 { "full_attention" } else { "linear_attention" }.to_string()).collect()
+            (0..n)
+                .map(|i| if (i + 1) % interval == 0 { "full_attention" } else { "linear_attention" }.to_string())
+                .collect()
         }
     };
     let hd = head_dim(cfg)?;
@@ -213,7 +229,10 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
         conv_kernel: positive(cfg, "linear_conv_kernel_dim")?,
     };
     if gdn.value_heads % gdn.key_heads != 0 {
-        return Err(cfg.error("linear_num_value_heads", format!("{} is not a multiple of linear_num_key_heads {}", gdn.value_heads, gdn.key_heads)));
+        return Err(cfg.error(
+            "linear_num_value_heads",
+            format!("{} is not a multiple of linear_num_key_heads {}", gdn.value_heads, gdn.key_heads),
+        ));
     }
     let moe = MoeSpec {
         num_experts: positive(cfg, "num_experts")?,
@@ -236,7 +255,10 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
 
 fn check_gqa(cfg: &Config, q_heads: usize, kv_heads: usize) -> Result<()> {
     if q_heads % kv_heads != 0 {
-        return Err(cfg.error("num_key_value_heads", format!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads")));
+        return Err(cfg.error(
+            "num_key_value_heads",
+            format!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads"),
+        ));
     }
     Ok(())
 }
@@ -244,7 +266,9 @@ fn check_gqa(cfg: &Config, q_heads: usize, kv_heads: usize) -> Result<()> {
 fn check_top_k(cfg: &Config, moe: &MoeSpec) -> Result<()> {
     let k = moe.router.top_k();
     if k == 0 || k > moe.num_experts {
-        return Err(cfg.error("num_experts_per_tok", format!("{k} must be between 1 and the {} experts", moe.num_experts)));
+        return Err(
+            cfg.error("num_experts_per_tok", format!("{k} must be between 1 and the {} experts", moe.num_experts))
+        );
     }
     Ok(())
 }
@@ -252,20 +276,27 @@ fn check_top_k(cfg: &Config, moe: &MoeSpec) -> Result<()> {
 fn laguna(cfg: &Config) -> Result<ModelSpec> {
     let mut spec = base(cfg, Family::Laguna, NormKind::Plain)?;
     let n = positive(cfg, "num_hidden_layers")?;
-    let types = per_layer(cfg, "layer_types", cfg.opt_str_list("layer_types")?, n)?.unwrap_or_else(|| vec!["full_attention".into(); n]);
-    let mlp_types = per_layer(cfg, "mlp_layer_types", cfg.opt_str_list("mlp_layer_types")?, n)?
-        .unwrap_or_else(|| std::iter::once("dense".to_string()).chain(std::iter::repeat_n("sparse".to_string(), n - 1)).collect());
-    let heads = match per_layer(cfg, "num_attention_heads_per_layer", cfg.opt_usize_list("num_attention_heads_per_layer")?, n)? {
-        Some(h) => h,
-        None => vec![positive(cfg, "num_attention_heads")?; n],
-    };
+    let types = per_layer(cfg, "layer_types", cfg.opt_str_list("layer_types")?, n)?
+        .unwrap_or_else(|| vec!["full_attention".into(); n]);
+    let mlp_types = per_layer(cfg, "mlp_layer_types", cfg.opt_str_list("mlp_layer_types")?, n)?.unwrap_or_else(|| {
+        std::iter::once("dense".to_string()).chain(std::iter::repeat_n("sparse".to_string(), n - 1)).collect()
+    });
+    let heads =
+        match per_layer(cfg, "num_attention_heads_per_layer", cfg.opt_usize_list("num_attention_heads_per_layer")?, n)?
+        {
+            Some(h) => h,
+            None => vec![positive(cfg, "num_attention_heads")?; n],
+        };
     let kv_heads = positive(cfg, "num_key_value_heads")?;
     let hd = head_dim(cfg)?;
     let gate = match cfg.get("gating") {
         None => AttnGate::Softplus { per_head: false },
         Some(v) if v.as_bool() == Some(true) || v.as_str() == Some("per-head") => AttnGate::Softplus { per_head: true },
         Some(v) if v.as_str() == Some("per-element") => AttnGate::Softplus { per_head: false },
-        Some(v) => return Err(cfg.error("gating", format!("unknown gating mode {v} (expected true, \"per-head\" or \"per-element\")"))),
+        Some(v) => {
+            return Err(cfg
+                .error("gating", format!("unknown gating mode {v} (expected true, \"per-head\" or \"per-element\")")))
+        }
     };
     if cfg.bool_or("moe_apply_router_weight_on_input", false)? {
         return Err(cfg.error("moe_apply_router_weight_on_input", "true is not supported"));
@@ -295,16 +326,38 @@ fn laguna(cfg: &Config) -> Result<ModelSpec> {
         check_gqa(cfg, q_heads, kv_heads)?;
         let window = match t.as_str() {
             "full_attention" => None,
-            "sliding_attention" => Some(window.filter(|&w| w > 0).ok_or_else(|| cfg.error("sliding_window", "sliding layers need a positive window"))?),
+            "sliding_attention" => Some(
+                window
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| cfg.error("sliding_window", "sliding layers need a positive window"))?,
+            ),
             other => return Err(cfg.error("layer_types", format!("unknown layer type `{other}`"))),
         };
         let params = rope_all.get(t.as_str()).ok_or_else(|| cfg.error(&format!("rope_parameters.{t}"), "missing"))?;
-        let rope = rope_from_params(cfg, &RopeParams { params, field: format!("rope_parameters.{t}"), truncate }, hd, 10000.0, 1.0)?;
-        let mixer = MixerSpec::Attention(AttnSpec { q_heads, kv_heads, head_dim: hd, rope, window, qk_norm: NormKind::Plain, gate });
+        let rope = rope_from_params(
+            cfg,
+            &RopeParams { params, field: format!("rope_parameters.{t}"), truncate },
+            hd,
+            10000.0,
+            1.0,
+        )?;
+        let mixer = MixerSpec::Attention(AttnSpec {
+            q_heads,
+            kv_heads,
+            head_dim: hd,
+            rope,
+            window,
+            qk_norm: NormKind::Plain,
+            gate,
+        });
         let ffn = match mlp.as_str() {
             "dense" => dense.clone(),
             "sparse" => FfnSpec::Moe(moe.clone()),
-            other => return Err(cfg.error("mlp_layer_types", format!("unknown MLP type `{other}` (expected dense or sparse)"))),
+            other => {
+                return Err(
+                    cfg.error("mlp_layer_types", format!("unknown MLP type `{other}` (expected dense or sparse)"))
+                )
+            }
         };
         spec.layers.push(LayerSpec { mixer, ffn });
     }
@@ -315,7 +368,11 @@ fn qwen3_moe(cfg: &Config) -> Result<ModelSpec> {
     let mut spec = base(cfg, Family::Qwen3Moe, NormKind::Plain)?;
     // As transformers: `sliding_window` applies to every layer, and only with `use_sliding_window`.
     let window = if cfg.bool_or("use_sliding_window", false)? {
-        Some(cfg.opt_usize("sliding_window")?.filter(|&w| w > 0).ok_or_else(|| cfg.error("sliding_window", "use_sliding_window needs a positive window"))?)
+        Some(
+            cfg.opt_usize("sliding_window")?
+                .filter(|&w| w > 0)
+                .ok_or_else(|| cfg.error("sliding_window", "use_sliding_window needs a positive window"))?,
+        )
     } else {
         None
     };
@@ -340,7 +397,10 @@ fn qwen3_moe(cfg: &Config) -> Result<ModelSpec> {
     let moe = MoeSpec {
         num_experts,
         intermediate: positive(cfg, "moe_intermediate_size")?,
-        router: RouterKind::Softmax { top_k: positive(cfg, "num_experts_per_tok")?, renormalize: cfg.bool_or("norm_topk_prob", false)? },
+        router: RouterKind::Softmax {
+            top_k: positive(cfg, "num_experts_per_tok")?,
+            renormalize: cfg.bool_or("norm_topk_prob", false)?,
+        },
         correction_bias: false,
         shared: SharedExpert::None,
     };

@@ -37,15 +37,21 @@ impl Scratch {
 
     /// Rewrites the weights file through `edit(name, dtype, shape, bytes)`, which may drop a
     /// tensor (return None) or replace it.
-    fn edit_tensors(&self, edit: impl Fn(&str, safetensors::Dtype, Vec<usize>, Vec<u8>) -> Option<(safetensors::Dtype, Vec<usize>, Vec<u8>)>) {
+    fn edit_tensors(
+        &self,
+        edit: impl Fn(&str, safetensors::Dtype, Vec<usize>, Vec<u8>) -> Option<(safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+    ) {
         let bytes = std::fs::read(self.weights()).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
             .tensors()
             .into_iter()
-            .filter_map(|(name, t)| edit(&name, t.dtype(), t.shape().to_vec(), t.data().to_vec()).map(|(d, s, b)| (name, d, s, b)))
+            .filter_map(|(name, t)| {
+                edit(&name, t.dtype(), t.shape().to_vec(), t.data().to_vec()).map(|(d, s, b)| (name, d, s, b))
+            })
             .collect();
-        let views: Vec<(String, TensorView)> = kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        let views: Vec<(String, TensorView)> =
+            kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
         safetensors::serialize_to_file(views, None, &self.weights()).unwrap();
     }
 
@@ -129,7 +135,9 @@ fn missing_tensor_is_named() {
 fn dtype_disagreeing_with_config_is_named() {
     let s = Scratch::of("qwen3moe", "dtype");
     let victim = "model.layers.0.self_attn.q_norm.weight";
-    s.edit_tensors(|name, d, sh, b| Some(if name == victim { (safetensors::Dtype::U8, vec![b.len()], b) } else { (d, sh, b) }));
+    s.edit_tensors(|name, d, sh, b| {
+        Some(if name == victim { (safetensors::Dtype::U8, vec![b.len()], b) } else { (d, sh, b) })
+    });
     assert_mentions(&s.load_err(), &[victim, "U8"]);
 }
 

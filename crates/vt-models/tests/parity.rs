@@ -35,7 +35,8 @@ fn prefill_then_decode_matches_reference() {
         let m = Model::load(&b, &dir).unwrap();
         let t = r.prompt_ids.len();
         let mut st = m.new_state().unwrap();
-        let mut worst = max_abs_diff(&b.to_f32(&m.forward(&r.prompt_ids, &mut st, Logits::Last).unwrap()).unwrap(), r.row(t - 1));
+        let mut worst =
+            max_abs_diff(&b.to_f32(&m.forward(&r.prompt_ids, &mut st, Logits::Last).unwrap()).unwrap(), r.row(t - 1));
         // Teacher-forced decode over the reference continuation, one token at a time.
         for (i, &id) in r.greedy_ids[..r.greedy_ids.len() - 1].iter().enumerate() {
             let row = b.to_f32(&m.forward(&[id], &mut st, Logits::Last).unwrap()).unwrap();

@@ -22,9 +22,14 @@ impl Config {
 
     /// Parses JSON text; `path` is what errors will name.
     pub fn from_str(path: &Path, text: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text).map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
         if !root.is_object() {
-            return Err(Error::Config { file: path.to_path_buf(), field: "<root>".into(), reason: "expected a JSON object".into() });
+            return Err(Error::Config {
+                file: path.to_path_buf(),
+                field: "<root>".into(),
+                reason: "expected a JSON object".into(),
+            });
         }
         Ok(Config { path: path.to_path_buf(), root })
     }
@@ -44,12 +49,18 @@ impl Config {
 
     /// The top-level `model_type` (a nested config's outer type, e.g. `qwen3_5_moe`).
     pub fn model_type(&self) -> Result<&str> {
-        self.root.get("model_type").and_then(Value::as_str).ok_or_else(|| self.error("model_type", "missing or not a string"))
+        self.root
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.error("model_type", "missing or not a string"))
     }
 
     /// The raw value of `field`: text config first, then the top level.
     pub fn get(&self, field: &str) -> Option<&Value> {
-        self.text().and_then(|t| t.get(field)).filter(|v| !v.is_null()).or_else(|| self.root.get(field).filter(|v| !v.is_null()))
+        self.text()
+            .and_then(|t| t.get(field))
+            .filter(|v| !v.is_null())
+            .or_else(|| self.root.get(field).filter(|v| !v.is_null()))
     }
 
     pub fn error(&self, field: &str, reason: impl Into<String>) -> Error {
@@ -109,7 +120,9 @@ impl Config {
         let items = v.as_array().ok_or_else(|| self.error(field, format!("expected a list, found {v}")))?;
         items
             .iter()
-            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| self.error(field, format!("expected strings, found {x}"))))
+            .map(|x| {
+                x.as_str().map(str::to_string).ok_or_else(|| self.error(field, format!("expected strings, found {x}")))
+            })
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }

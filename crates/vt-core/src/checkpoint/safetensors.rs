@@ -105,9 +105,11 @@ impl TensorStore {
         let data_start = 8 + header_len;
         let file_idx = self.files.len();
         for (name, info) in metadata.tensors() {
-            let dtype = map_dtype(info.dtype).ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", info.dtype)))?;
+            let dtype = map_dtype(info.dtype)
+                .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", info.dtype)))?;
             let (s, e) = info.data_offsets;
-            let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e };
+            let entry =
+                Entry { file: file_idx, dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e };
             if entry.end > mmap.len() || entry.start > entry.end {
                 return Err(bad(format!("tensor `{name}` data offsets out of range")));
             }
@@ -147,7 +149,8 @@ impl TensorStore {
 
 fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(index).map_err(|source| Error::Io { path: index.to_path_buf(), source })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json { path: index.to_path_buf(), source })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| Error::Json { path: index.to_path_buf(), source })?;
     let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Config {
         file: index.to_path_buf(),
         field: "weight_map".into(),
@@ -162,7 +165,11 @@ fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
             reason: "expected a file name".into(),
         })?;
         if file.contains('/') || file.contains("..") {
-            return Err(Error::Config { file: index.to_path_buf(), field: format!("weight_map.{tensor}"), reason: format!("shard `{file}` is not a plain file name") });
+            return Err(Error::Config {
+                file: index.to_path_buf(),
+                field: format!("weight_map.{tensor}"),
+                reason: format!("shard `{file}` is not a plain file name"),
+            });
         }
         if !files.iter().any(|f| f == file) {
             files.push(file.to_string());

@@ -38,14 +38,7 @@ fn silu(x: f32) -> f32 {
 /// Depthwise causal conv1d + silu. x: [t, c] (time-major!), w: [c, k] (the HF weight [c,1,k] squeezed),
 /// state: [c, k-1] = the previous k-1 inputs of each channel (oldest first), zeros for a new sequence;
 /// updated in place to the last k-1 inputs (including earlier state when t < k-1). Returns [t, c].
-pub fn causal_conv1d_silu(
-    x: &[f32],
-    t: usize,
-    c: usize,
-    w: &[f32],
-    k: usize,
-    state: &mut [f32],
-) -> Vec<f32> {
+pub fn causal_conv1d_silu(x: &[f32], t: usize, c: usize, w: &[f32], k: usize, state: &mut [f32]) -> Vec<f32> {
     debug_assert_eq!(x.len(), t * c, "x must be [t, c]");
     debug_assert_eq!(w.len(), c * k, "w must be [c, k]");
     debug_assert!(k >= 1, "kernel size must be at least 1");
@@ -101,9 +94,7 @@ pub fn causal_conv1d_silu(
     if t <= ROWS_PER_TASK {
         fill_rows(0, &mut out);
     } else {
-        out.par_chunks_mut(ROWS_PER_TASK * c)
-            .enumerate()
-            .for_each(|(i, dst)| fill_rows(i * ROWS_PER_TASK, dst));
+        out.par_chunks_mut(ROWS_PER_TASK * c).enumerate().for_each(|(i, dst)| fill_rows(i * ROWS_PER_TASK, dst));
     }
 
     // New state: the last k-1 columns of ext = [state, x]. Column i of the new state is ext column
@@ -114,11 +105,7 @@ pub fn causal_conv1d_silu(
             // Ascending i reads old column t + i > i before it is overwritten: safe in place.
             for i in 0..km1 {
                 let p = t + i;
-                st[i] = if p < km1 {
-                    st[p]
-                } else {
-                    x[(p - km1) * c + ch]
-                };
+                st[i] = if p < km1 { st[p] } else { x[(p - km1) * c + ch] };
             }
         }
     }
@@ -133,10 +120,7 @@ mod tests {
 
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
     #[test]
@@ -178,14 +162,7 @@ mod tests {
         let mut st = vec![0.0; c * (k - 1)];
         let mut split = causal_conv1d_silu(&x[..5 * c], 5, c, &w, k, &mut st);
         for s in 5..t {
-            split.extend(causal_conv1d_silu(
-                &x[s * c..(s + 1) * c],
-                1,
-                c,
-                &w,
-                k,
-                &mut st,
-            ));
+            split.extend(causal_conv1d_silu(&x[s * c..(s + 1) * c], 1, c, &w, k, &mut st));
         }
         let d = max_abs_diff(&full, &split);
         eprintln!("conv split vs one pass: max abs diff {d:e}");
@@ -199,14 +176,7 @@ mod tests {
         let mut s = 0;
         while s < t {
             let n = 2.min(t - s);
-            split2.extend(causal_conv1d_silu(
-                &x[s * c..(s + n) * c],
-                n,
-                c,
-                &w,
-                k,
-                &mut st2,
-            ));
+            split2.extend(causal_conv1d_silu(&x[s * c..(s + n) * c], n, c, &w, k, &mut st2));
             s += n;
         }
         assert_eq!(max_abs_diff(&full, &split2), 0.0);
@@ -218,8 +188,7 @@ mod tests {
     #[test]
     fn matches_torch_golden() {
         let doc: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json"))
-                .expect("golden json");
+            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json")).expect("golden json");
         let floats = |v: &serde_json::Value, key: &str| -> Vec<f32> {
             v[key]
                 .as_array()
@@ -235,14 +204,8 @@ mod tests {
             let (t, c, k) = (dim("t"), dim("c"), dim("k"));
             let mut state = floats(case, "initial_state");
             let y = causal_conv1d_silu(&floats(case, "x"), t, c, &floats(case, "w"), k, &mut state);
-            let (eo, es) = (
-                max_abs_diff(&y, &floats(case, "out")),
-                max_abs_diff(&state, &floats(case, "state")),
-            );
-            eprintln!(
-                "conv golden {}: out max|diff| {eo:e}, state max|diff| {es:e}",
-                case["name"]
-            );
+            let (eo, es) = (max_abs_diff(&y, &floats(case, "out")), max_abs_diff(&state, &floats(case, "state")));
+            eprintln!("conv golden {}: out max|diff| {eo:e}, state max|diff| {es:e}", case["name"]);
             // A 4-term f32 dot product of O(1) values then silu: torch may sum the taps in another
             // order, so allow a few ulps of O(1). The state is a copy: exact.
             assert!(eo <= 1e-5, "conv golden: output diff {eo}");

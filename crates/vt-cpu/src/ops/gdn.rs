@@ -80,7 +80,6 @@ fn gate(neg_a: f32, a: f32, b: f32, dt_bias: f32) -> (f32, f32) {
     (neg_a * softplus(a + dt_bias), sigmoid(b))
 }
 
-
 /// `y += alpha * x` (vectorises as written).
 #[inline]
 fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
@@ -149,13 +148,7 @@ impl Inputs<'_> {
         g: &mut [f32],
         beta: &mut [f32],
     ) {
-        let GdnDims {
-            key_heads,
-            value_heads,
-            key_dim: dk,
-            value_dim: dv,
-            ..
-        } = *self.d;
+        let GdnDims { key_heads, value_heads, key_dim: dk, value_dim: dv, .. } = *self.d;
         let kh = self.key_head(h);
         let neg_a = -self.a_log[h].exp();
         for r in 0..n {
@@ -184,11 +177,7 @@ impl Inputs<'_> {
 
 /// Run `head` for every value head in parallel (each owning its `[key_dim, value_dim]` state
 /// block), then interleave the per-head `[t, value_dim]` outputs into `[t, value_heads, value_dim]`.
-fn for_each_head(
-    d: &GdnDims,
-    state: &mut [f32],
-    head: impl Fn(usize, &mut [f32]) -> Vec<f32> + Sync,
-) -> Vec<f32> {
+fn for_each_head(d: &GdnDims, state: &mut [f32], head: impl Fn(usize, &mut [f32]) -> Vec<f32> + Sync) -> Vec<f32> {
     let (t, hv, dv) = (d.t, d.value_heads, d.value_dim);
     let block = d.key_dim * dv;
     let mut out = vec![0.0f32; t * hv * dv];
@@ -199,11 +188,7 @@ fn for_each_head(
         // key_dim == 0: no state; every output is a sum over nothing.
         (0..hv).map(|_| vec![0.0; t * dv]).collect()
     } else {
-        state
-            .par_chunks_mut(block)
-            .enumerate()
-            .map(|(h, st)| head(h, st))
-            .collect()
+        state.par_chunks_mut(block).enumerate().map(|(h, st)| head(h, st)).collect()
     };
     let scatter = |s: usize, row: &mut [f32]| {
         for (h, ho) in per_head.iter().enumerate() {
@@ -211,13 +196,9 @@ fn for_each_head(
         }
     };
     if t >= 64 {
-        out.par_chunks_mut(hv * dv)
-            .enumerate()
-            .for_each(|(s, row)| scatter(s, row));
+        out.par_chunks_mut(hv * dv).enumerate().for_each(|(s, row)| scatter(s, row));
     } else {
-        out.chunks_mut(hv * dv)
-            .enumerate()
-            .for_each(|(s, row)| scatter(s, row));
+        out.chunks_mut(hv * dv).enumerate().for_each(|(s, row)| scatter(s, row));
     }
     out
 }
@@ -247,20 +228,7 @@ pub fn gated_delta_rule_recurrent(
     state: &mut [f32],
 ) -> Vec<f32> {
     debug_check(d, q, k, v, a, b, a_log, dt_bias, state);
-    run_recurrent(
-        &Inputs {
-            d,
-            q,
-            k,
-            v,
-            a,
-            b,
-            a_log,
-            dt_bias,
-            gates: None,
-        },
-        state,
-    )
+    run_recurrent(&Inputs { d, q, k, v, a, b, a_log, dt_bias, gates: None }, state)
 }
 
 /// The recurrent form over prepared inputs (all value heads, in parallel).
@@ -320,20 +288,7 @@ pub fn gated_delta_rule_chunked(
     state: &mut [f32],
 ) -> Vec<f32> {
     debug_check(d, q, k, v, a, b, a_log, dt_bias, state);
-    run_chunked(
-        &Inputs {
-            d,
-            q,
-            k,
-            v,
-            a,
-            b,
-            a_log,
-            dt_bias,
-            gates: None,
-        },
-        state,
-    )
+    run_chunked(&Inputs { d, q, k, v, a, b, a_log, dt_bias, gates: None }, state)
 }
 
 /// The chunked form over prepared inputs (all value heads, in parallel).
@@ -369,12 +324,7 @@ fn run_chunked(inp: &Inputs<'_>, state: &mut [f32]) -> Vec<f32> {
 /// the chunked form is then only good to ~1e-5…1e-4 relative where the recurrent form is good to
 /// ~1e-7; likewise a 1-ulp change in one `g` moves the chunked result by that much.
 fn chunked_head(inp: &Inputs<'_>, h: usize, scale: QueryScale, st: &mut [f32]) -> Vec<f32> {
-    let GdnDims {
-        t,
-        key_dim: dk,
-        value_dim: dv,
-        ..
-    } = *inp.d;
+    let GdnDims { t, key_dim: dk, value_dim: dv, .. } = *inp.d;
     const C: usize = GDN_CHUNK;
     let mut out = vec![0.0f32; t * dv];
 
@@ -471,11 +421,7 @@ fn chunked_head(inp: &Inputs<'_>, h: usize, scale: QueryScale, st: &mut [f32]) -
                     let ii = i - i0;
                     axpy(&mut ws[ii * dv..(ii + 1) * dv], w[i * dk + r], srow);
                     // inter-chunk part of o_i (o starts at zero): read the entering state
-                    axpy(
-                        &mut out[(s0 + i) * dv..(s0 + i + 1) * dv],
-                        q[i * dk + r],
-                        srow,
-                    );
+                    axpy(&mut out[(s0 + i) * dv..(s0 + i + 1) * dv], q[i * dk + r], srow);
                 }
             }
             for i in i0..i1 {
@@ -527,29 +473,13 @@ fn debug_check(
     dt_bias: &[f32],
     state: &[f32],
 ) {
-    debug_assert_eq!(
-        q.len(),
-        d.t * d.key_heads * d.key_dim,
-        "q must be [t, key_heads, key_dim]"
-    );
-    debug_assert_eq!(
-        k.len(),
-        d.t * d.key_heads * d.key_dim,
-        "k must be [t, key_heads, key_dim]"
-    );
-    debug_assert_eq!(
-        v.len(),
-        d.t * d.value_heads * d.value_dim,
-        "v must be [t, value_heads, value_dim]"
-    );
+    debug_assert_eq!(q.len(), d.t * d.key_heads * d.key_dim, "q must be [t, key_heads, key_dim]");
+    debug_assert_eq!(k.len(), d.t * d.key_heads * d.key_dim, "k must be [t, key_heads, key_dim]");
+    debug_assert_eq!(v.len(), d.t * d.value_heads * d.value_dim, "v must be [t, value_heads, value_dim]");
     debug_assert_eq!(a.len(), d.t * d.value_heads, "a must be [t, value_heads]");
     debug_assert_eq!(b.len(), d.t * d.value_heads, "b must be [t, value_heads]");
     debug_assert_eq!(a_log.len(), d.value_heads, "a_log must be [value_heads]");
-    debug_assert_eq!(
-        dt_bias.len(),
-        d.value_heads,
-        "dt_bias must be [value_heads]"
-    );
+    debug_assert_eq!(dt_bias.len(), d.value_heads, "dt_bias must be [value_heads]");
     debug_assert_eq!(
         state.len(),
         d.value_heads * d.key_dim * d.value_dim,
@@ -599,14 +529,8 @@ mod tests {
 
     fn run(c: &Case, chunked: bool) -> (Vec<f32>, Vec<f32>) {
         let mut st = c.state.clone();
-        let f = if chunked {
-            gated_delta_rule_chunked
-        } else {
-            gated_delta_rule_recurrent
-        };
-        let o = f(
-            &c.d, &c.q, &c.k, &c.v, &c.a, &c.b, &c.a_log, &c.dt_bias, &mut st,
-        );
+        let f = if chunked { gated_delta_rule_chunked } else { gated_delta_rule_recurrent };
+        let o = f(&c.d, &c.q, &c.k, &c.v, &c.a, &c.b, &c.a_log, &c.dt_bias, &mut st);
         (o, st)
     }
 
@@ -615,22 +539,14 @@ mod tests {
     }
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
     }
 
     /// (1) The two forms agree, across chunk boundaries and with a non-zero initial state.
     #[test]
     fn chunked_matches_recurrent() {
         for (n, &t) in [1usize, 63, 64, 65, 150].iter().enumerate() {
-            let d = GdnDims {
-                t,
-                key_heads: 2,
-                value_heads: 4,
-                key_dim: 16,
-                value_dim: 12,
-            };
+            let d = GdnDims { t, key_heads: 2, value_heads: 4, key_dim: 16, value_dim: 12 };
             let c = random_case(d, 0x9E37_79B9_7F4A_7C15 ^ (n as u64 + 1));
             let (o_r, s_r) = run(&c, false);
             let (o_c, s_c) = run(&c, true);
@@ -644,10 +560,7 @@ mod tests {
             // (here |g| ≲ 15, so |c| reaches ~10^3 where one ulp is 6e-5), which is what makes the
             // two forms differ by ~1e-6 rather than ~1e-7. Measured ≤ 2.4e-6; 1e-4 of the
             // magnitude leaves ample headroom and still catches any algebraic slip (those are O(1)).
-            assert!(
-                eo <= 1e-4 * mo.max(1.0),
-                "t={t}: output diff {eo} too large"
-            );
+            assert!(eo <= 1e-4 * mo.max(1.0), "t={t}: output diff {eo} too large");
             assert!(es <= 1e-4 * ms.max(1.0), "t={t}: state diff {es} too large");
         }
     }
@@ -656,13 +569,7 @@ mod tests {
     /// again) equals one chunked call.
     #[test]
     fn split_calls_continue_the_state() {
-        let d = GdnDims {
-            t: 140,
-            key_heads: 1,
-            value_heads: 2,
-            key_dim: 8,
-            value_dim: 4,
-        };
+        let d = GdnDims { t: 140, key_heads: 1, value_heads: 2, key_dim: 8, value_dim: 4 };
         let c = random_case(d, 77);
         let (o_full, s_full) = run(&c, true);
         let (hk, hv, dk, dv) = (d.key_heads, d.value_heads, d.key_dim, d.value_dim);
@@ -670,11 +577,7 @@ mod tests {
         let mut o = Vec::new();
         for (s0, s1, chunked) in [(0, 70, true), (70, 75, false), (75, 140, true)] {
             let dd = GdnDims { t: s1 - s0, ..d };
-            let f = if chunked {
-                gated_delta_rule_chunked
-            } else {
-                gated_delta_rule_recurrent
-            };
+            let f = if chunked { gated_delta_rule_chunked } else { gated_delta_rule_recurrent };
             o.extend(f(
                 &dd,
                 &c.q[s0 * hk * dk..s1 * hk * dk],
@@ -696,13 +599,7 @@ mod tests {
     /// (2) The recurrent form against a direct per-token formula, written independently in f64.
     #[test]
     fn recurrent_matches_naive_formula() {
-        let d = GdnDims {
-            t: 5,
-            key_heads: 1,
-            value_heads: 2,
-            key_dim: 3,
-            value_dim: 2,
-        };
+        let d = GdnDims { t: 5, key_heads: 1, value_heads: 2, key_dim: 3, value_dim: 2 };
         let c = random_case(d, 4242);
         let (o, s) = run(&c, false);
 
@@ -715,14 +612,11 @@ mod tests {
         let mut max_err = 0.0f64;
         for h in 0..hv {
             // state[h] as S[i][j], i over key_dim, j over value_dim
-            let mut st: Vec<Vec<f64>> = (0..dk)
-                .map(|i| f(&c.state[(h * dk + i) * dv..(h * dk + i + 1) * dv]))
-                .collect();
+            let mut st: Vec<Vec<f64>> =
+                (0..dk).map(|i| f(&c.state[(h * dk + i) * dv..(h * dk + i + 1) * dv])).collect();
             for s in 0..t {
-                let qn: Vec<f64> = norm(&f(&c.q[s * dk..(s + 1) * dk]))
-                    .iter()
-                    .map(|x| x / (dk as f64).sqrt())
-                    .collect();
+                let qn: Vec<f64> =
+                    norm(&f(&c.q[s * dk..(s + 1) * dk])).iter().map(|x| x / (dk as f64).sqrt()).collect();
                 let kn = norm(&f(&c.k[s * dk..(s + 1) * dk]));
                 let vv = f(&c.v[(s * hv + h) * dv..(s * hv + h + 1) * dv]);
                 let beta = 1.0 / (1.0 + (-(c.b[s * hv + h] as f64)).exp());
@@ -732,9 +626,7 @@ mod tests {
                 // S = S*exp(g)
                 st.iter_mut().flatten().for_each(|e| *e *= g.exp());
                 // S += k ⊗ beta*(v - Sᵀk)
-                let stk: Vec<f64> = (0..dv)
-                    .map(|j| (0..dk).map(|i| st[i][j] * kn[i]).sum())
-                    .collect();
+                let stk: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| st[i][j] * kn[i]).sum()).collect();
                 for i in 0..dk {
                     for j in 0..dv {
                         st[i][j] += kn[i] * beta * (vv[j] - stk[j]);
@@ -771,13 +663,7 @@ mod tests {
     /// Sequences of zero tokens leave the state alone and return nothing.
     #[test]
     fn empty_sequence() {
-        let d = GdnDims {
-            t: 0,
-            key_heads: 1,
-            value_heads: 2,
-            key_dim: 4,
-            value_dim: 3,
-        };
+        let d = GdnDims { t: 0, key_heads: 1, value_heads: 2, key_dim: 4, value_dim: 3 };
         let c = random_case(d, 1);
         for chunked in [false, true] {
             let (o, s) = run(&c, chunked);
@@ -802,8 +688,7 @@ mod tests {
     #[test]
     fn matches_torch_golden() {
         let doc: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json"))
-                .expect("golden json");
+            serde_json::from_str(include_str!("../../tests/data/gdn_golden.json")).expect("golden json");
         let cases = doc["gdn"].as_array().expect("golden: gdn cases");
         assert!(!cases.is_empty());
         for case in cases {
@@ -841,17 +726,11 @@ mod tests {
             }
             eprintln!("golden {name} gates: g max rel diff {eg:e}, beta max abs diff {eb:e}");
             // exp / log1p / sigmoid in f32 from two libms: a few ulps (~6e-8 relative each).
-            assert!(
-                eg <= 1e-6 && eb <= 1e-6,
-                "golden {name}: gate math off (g {eg}, beta {eb})"
-            );
+            assert!(eg <= 1e-6 && eb <= 1e-6, "golden {name}: gate math off (g {eg}, beta {eb})");
 
             for (chunked, key) in [(true, "chunk"), (false, "recurrent")] {
                 let (o, s) = run(&c, chunked);
-                let (want_o, want_s) = (
-                    floats(case, &format!("{key}_out")),
-                    floats(case, &format!("{key}_state")),
-                );
+                let (want_o, want_s) = (floats(case, &format!("{key}_out")), floats(case, &format!("{key}_state")));
                 let (eo, es) = (max_abs_diff(&o, &want_o), max_abs_diff(&s, &want_s));
                 eprintln!("golden {name} {key}: out max|diff| {eo:e}, state max|diff| {es:e}");
                 // Torch and this code both compute in f32 but sum in different orders (BLAS
@@ -884,17 +763,10 @@ mod tests {
                     gates: Some((&want_g, &want_beta)),
                 };
                 let mut s = c.state.clone();
-                let o = if chunked {
-                    run_chunked(&inp, &mut s)
-                } else {
-                    run_recurrent(&inp, &mut s)
-                };
+                let o = if chunked { run_chunked(&inp, &mut s) } else { run_recurrent(&inp, &mut s) };
                 let (eo, es) = (max_abs_diff(&o, &want_o), max_abs_diff(&s, &want_s));
                 eprintln!("golden {name} {key} (torch's g, beta): out max|diff| {eo:e}, state max|diff| {es:e}");
-                assert!(
-                    eo <= 1e-6 && es <= 1e-6,
-                    "golden {name} {key} with torch gates: {eo} / {es}"
-                );
+                assert!(eo <= 1e-6 && es <= 1e-6, "golden {name} {key} with torch gates: {eo} / {es}");
             }
         }
     }

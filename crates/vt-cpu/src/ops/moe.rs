@@ -31,7 +31,12 @@ impl FusedGateUp {
     fn source(&self) -> RowSource {
         match &self.scales {
             None => RowSource::Dense { ptr: self.codes.bytes().as_ptr(), dtype: self.dtype, k: self.k },
-            Some(s) => RowSource::Nvfp4 { codes: self.codes.bytes().as_ptr(), scales: s.bytes().as_ptr(), global: self.global, k: self.k },
+            Some(s) => RowSource::Nvfp4 {
+                codes: self.codes.bytes().as_ptr(),
+                scales: s.bytes().as_ptr(),
+                global: self.global,
+                k: self.k,
+            },
         }
     }
 }
@@ -59,11 +64,22 @@ fn fuse(alloc: &Arc<Allocator>, gate: &Weight<CpuBackend>, up: &Weight<CpuBacken
     match (gate, up) {
         (Weight::Dense(g), Weight::Dense(u)) if g.dtype() == u.dtype() => {
             let row = g.dtype().bytes_for(k).expect("validated");
-            Ok(FusedGateUp { codes: interleave(alloc, g.buffer().bytes(), u.buffer().bytes(), row)?, scales: None, dtype: g.dtype(), global: [1.0; 2], k })
+            Ok(FusedGateUp {
+                codes: interleave(alloc, g.buffer().bytes(), u.buffer().bytes(), row)?,
+                scales: None,
+                dtype: g.dtype(),
+                global: [1.0; 2],
+                k,
+            })
         }
         (Weight::Nvfp4(g), Weight::Nvfp4(u)) => Ok(FusedGateUp {
             codes: interleave(alloc, g.codes.buffer().bytes(), u.codes.buffer().bytes(), k / 2)?,
-            scales: Some(interleave(alloc, g.scales.buffer().bytes(), u.scales.buffer().bytes(), k / vt_core::NVFP4_GROUP)?),
+            scales: Some(interleave(
+                alloc,
+                g.scales.buffer().bytes(),
+                u.scales.buffer().bytes(),
+                k / vt_core::NVFP4_GROUP,
+            )?),
             dtype: DType::F4x2,
             global: [g.global_scale, u.global_scale],
             k,
@@ -105,10 +121,12 @@ pub fn route(logits: &[f32], kind: &RouterKind, bias: Option<&[f32]>) -> Vec<(us
         RouterKind::Sigmoid { top_k, softcap, renormalize, routed_scaling } => {
             let scores: Vec<f32> = logits
                 .iter()
-                .map(|&l| sigmoid(match softcap {
-                    Some(c) => c * (l / c).tanh(),
-                    None => l,
-                }))
+                .map(|&l| {
+                    sigmoid(match softcap {
+                        Some(c) => c * (l / c).tanh(),
+                        None => l,
+                    })
+                })
                 .collect();
             let choice: Vec<f32> = match bias {
                 Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
@@ -122,9 +140,18 @@ pub fn route(logits: &[f32], kind: &RouterKind, bias: Option<&[f32]>) -> Vec<(us
 }
 
 /// Routed experts for `x` `[t, hidden]` given router logits `[t, num_experts]`.
-pub fn moe(x: &[f32], t: usize, router_logits: &[f32], router: &Router<CpuBackend>, bias: Option<&[f32]>, experts: &MoeExperts<CpuBackend>, table: &CpuExpertTable) -> Vec<f32> {
+pub fn moe(
+    x: &[f32],
+    t: usize,
+    router_logits: &[f32],
+    router: &Router<CpuBackend>,
+    bias: Option<&[f32]>,
+    experts: &MoeExperts<CpuBackend>,
+    table: &CpuExpertTable,
+) -> Vec<f32> {
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
-    let routes: Vec<Vec<(usize, f32)>> = (0..t).map(|i| route(&router_logits[i * n_exp..(i + 1) * n_exp], &router.kind, bias)).collect();
+    let routes: Vec<Vec<(usize, f32)>> =
+        (0..t).map(|i| route(&router_logits[i * n_exp..(i + 1) * n_exp], &router.kind, bias)).collect();
     // Tokens of each expert, in token order.
     let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
     for (i, r) in routes.iter().enumerate() {
