@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use vt::{
@@ -180,12 +180,20 @@ fn run(cli: Cli) -> AnyResult<()> {
     }
 }
 
-/// Loads the weights with a spinner on a terminal.
+/// Loads the weights with a progress bar (bytes uploaded) on a terminal.
 fn load<B: Backend>(backend: &B, args: &ModelArgs) -> AnyResult<(Model<B>, PathBuf)> {
     let dir = args.model.clone().unwrap_or_else(default_model);
-    let bar = indicatif::ProgressBar::new_spinner().with_message(format!("loading weights from {}", dir.display()));
-    bar.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load(backend, &dir);
+    let bar = indicatif::ProgressBar::new(0)
+        .with_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        )
+        .with_message(format!("loading {}", dir.display()));
+    let model = Model::load_with_progress(backend, &dir, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
     bar.finish_and_clear();
     Ok((model?, dir))
 }

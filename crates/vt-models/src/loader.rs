@@ -1,9 +1,11 @@
 //! Reading a checkpoint's tensors into backend weights, checking each against the spec.
 
-use vt_core::checkpoint::{Checkpoint, TensorRef};
-use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Result, Tensor, Weight};
+use std::cell::Cell;
 
-use crate::quant::QuantConfig;
+use vt_core::checkpoint::{Checkpoint, TensorRef};
+use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Nvfp4, Result, Tensor, Weight, NVFP4_GROUP};
+
+use crate::quant::{is_activation_scale, QuantConfig};
 
 /// Tensor access under the checkpoint's text-model prefix (`model.` or `model.language_model.`).
 pub struct Loader<'a, B: Backend> {
@@ -13,10 +15,20 @@ pub struct Loader<'a, B: Backend> {
     pub prefix: String,
     /// The NVFP4 config, when the checkpoint has one.
     quant: Option<QuantConfig>,
+    /// Told `(bytes read, bytes to read)` after every tensor.
+    progress: &'a dyn Fn(u64, u64),
+    bytes_read: Cell<u64>,
+    total: u64,
+}
+
+/// Checkpoint tensors the text model reads: not multi-token prediction, the vision tower, or W4A4
+/// activation scales.
+fn is_read(name: &str) -> bool {
+    !(name.starts_with("mtp.") || name.starts_with("model.visual.") || is_activation_scale(name))
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
-    pub fn new(ckpt: &'a Checkpoint, backend: &'a B) -> Result<Self> {
+    pub fn new(ckpt: &'a Checkpoint, backend: &'a B, progress: &'a dyn Fn(u64, u64)) -> Result<Self> {
         let prefix = ["model.language_model.", "model."]
             .into_iter()
             .find(|p| ckpt.tensors.contains(&format!("{p}embed_tokens.weight")))
@@ -24,7 +36,21 @@ impl<'a, B: Backend> Loader<'a, B> {
                 name: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(),
                 dir: ckpt.dir.clone(),
             })?;
-        Ok(Loader { ckpt, backend, prefix: prefix.to_string(), quant: QuantConfig::from_checkpoint(ckpt)? })
+        let total = ckpt
+            .tensors
+            .names()
+            .filter(|n| is_read(n))
+            .map(|n| ckpt.tensors.get(n).map_or(0, |t| t.bytes.len() as u64))
+            .sum();
+        Ok(Loader {
+            ckpt,
+            backend,
+            prefix: prefix.to_string(),
+            quant: QuantConfig::from_checkpoint(ckpt)?,
+            progress,
+            bytes_read: Cell::new(0),
+            total,
+        })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -45,14 +71,32 @@ impl<'a, B: Backend> Loader<'a, B> {
         if t.shape != shape && squeeze(t.shape) != squeeze(shape) {
             return Err(Error::tensor(name, format!("expected shape {shape:?} from config.json, found {:?}", t.shape)));
         }
-        self.backend.upload(t.dtype, shape, t.bytes)
+        self.upload(t.dtype, shape, t.bytes)
+    }
+
+    /// Copies stored bytes to the backend and reports progress.
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<B>> {
+        let t = self.backend.upload(dtype, shape, bytes)?;
+        self.count_read(bytes.len());
+        Ok(t)
+    }
+
+    fn count_read(&self, bytes: usize) {
+        self.bytes_read.set(self.bytes_read.get() + bytes as u64);
+        (self.progress)(self.bytes_read.get(), self.total);
     }
 
     /// The matrix `[out, in]` of module `base` in its stored form: NVFP4 (either encoding) or dense.
     pub fn weight(&self, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         let w = match &self.quant {
             Some(q) if q.is_nvfp4(base, q.stored_nvfp4(&self.ckpt.tensors, base))? => {
-                Weight::Nvfp4(q.read(self.backend, &self.ckpt.tensors, base, out, inp)?)
+                let parts = q.read(&self.ckpt.tensors, base, out, inp)?;
+                self.count_read(parts.global_bytes);
+                Weight::Nvfp4(Nvfp4 {
+                    codes: self.upload(DType::F4x2, &[out, inp], parts.codes.bytes)?,
+                    scales: self.upload(DType::F8E4M3, &[out, inp / NVFP4_GROUP], parts.scales.bytes)?,
+                    global_scale: parts.global_scale,
+                })
             }
             _ => Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?),
         };
@@ -92,9 +136,9 @@ impl<'a, B: Backend> Loader<'a, B> {
                     let gu = &gate_up.bytes[e * gu_bytes..(e + 1) * gu_bytes];
                     let d = &down.bytes[e * d_bytes..(e + 1) * d_bytes];
                     Ok(Expert {
-                        gate: Weight::Dense(self.backend.upload(gate_up.dtype, &[inter, hidden], &gu[..half])?),
-                        up: Weight::Dense(self.backend.upload(gate_up.dtype, &[inter, hidden], &gu[half..])?),
-                        down: Weight::Dense(self.backend.upload(down.dtype, &[hidden, inter], d)?),
+                        gate: Weight::Dense(self.upload(gate_up.dtype, &[inter, hidden], &gu[..half])?),
+                        up: Weight::Dense(self.upload(gate_up.dtype, &[inter, hidden], &gu[half..])?),
+                        down: Weight::Dense(self.upload(down.dtype, &[hidden, inter], d)?),
                     })
                 })
                 .collect::<Result<Vec<_>>>()?

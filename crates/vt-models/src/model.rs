@@ -118,13 +118,18 @@ pub enum Logits {
 impl<B: Backend> Model<B> {
     /// Loads the checkpoint in `dir` onto `backend`.
     pub fn load(backend: &B, dir: &Path) -> Result<Self> {
-        let ckpt = Checkpoint::open(dir)?;
-        Self::from_checkpoint(backend, &ckpt)
+        Self::load_with_progress(backend, dir, &|_, _| {})
     }
 
-    pub fn from_checkpoint(backend: &B, ckpt: &Checkpoint) -> Result<Self> {
+    /// As `load`, telling `progress(bytes uploaded, bytes to upload)` after each tensor.
+    pub fn load_with_progress(backend: &B, dir: &Path, progress: &dyn Fn(u64, u64)) -> Result<Self> {
+        let ckpt = Checkpoint::open(dir)?;
+        Self::from_checkpoint(backend, &ckpt, progress)
+    }
+
+    pub fn from_checkpoint(backend: &B, ckpt: &Checkpoint, progress: &dyn Fn(u64, u64)) -> Result<Self> {
         let spec = ModelSpec::from_config(&ckpt.config)?;
-        let ld = Loader::new(ckpt, backend)?;
+        let ld = Loader::new(ckpt, backend, progress)?;
         let p = ld.prefix.clone();
         let h = spec.hidden;
         let embed = ld.linear(&format!("{p}embed_tokens"), spec.vocab, h)?;

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use vt_core::checkpoint::{Checkpoint, TensorRef, TensorStore};
-use vt_core::{Backend, DType, Error, Nvfp4, Result, NVFP4_GROUP};
+use vt_core::{DType, Error, Result, NVFP4_GROUP};
 
 use pattern::Pattern;
 
@@ -147,14 +147,7 @@ impl QuantConfig {
 
     /// Module `module` as an NVFP4 `[n, k]` matrix (`n`, `k` from config.json), every tensor's dtype
     /// and shape checked, the per-tensor scale normalised to a multiplier.
-    pub fn read<B: Backend>(
-        &self,
-        backend: &B,
-        tensors: &TensorStore,
-        module: &str,
-        n: usize,
-        k: usize,
-    ) -> Result<Nvfp4<B>> {
+    pub fn read<'t>(&self, tensors: &'t TensorStore, module: &str, n: usize, k: usize) -> Result<Nvfp4Parts<'t>> {
         if k % NVFP4_GROUP != 0 {
             return Err(Error::tensor(
                 module,
@@ -182,12 +175,23 @@ impl QuantConfig {
         if !(global_scale.is_finite() && global_scale > 0.0) {
             return Err(Error::tensor(global.name, format!("{stored} does not give a finite positive multiplier")));
         }
-        Ok(Nvfp4 {
-            codes: backend.upload(DType::F4x2, &[n, k], codes.bytes)?,
-            scales: backend.upload(DType::F8E4M3, &[n, k / NVFP4_GROUP], scales.bytes)?,
-            global_scale,
-        })
+        Ok(Nvfp4Parts { codes, scales, global_scale, global_bytes: global.bytes.len() })
     }
+}
+
+/// A checked NVFP4 module still in the checkpoint: codes `[n, k/2]`, scales `[n, k/16]`, and the
+/// per-tensor scale as a multiplier.
+pub struct Nvfp4Parts<'t> {
+    pub codes: TensorRef<'t>,
+    pub scales: TensorRef<'t>,
+    pub global_scale: f32,
+    /// Size of the stored per-tensor scale (read into `global_scale`, not uploaded).
+    pub global_bytes: usize,
+}
+
+/// Activation scales of W4A4 checkpoints, which vt's W4A16 compute never reads.
+pub fn is_activation_scale(name: &str) -> bool {
+    name.ends_with(".input_global_scale") || name.ends_with(".input_scale")
 }
 
 fn expect_tensor(t: &TensorRef, dtype: DType, shape: &[usize], what: &str) -> Result<()> {

@@ -57,7 +57,7 @@ fn quantized_weights_stay_packed() {
         for name in [ct, modelopt] {
             let b = CpuBackend::new();
             let ckpt = Checkpoint::open(&fixture(name)).unwrap();
-            let ld = Loader::new(&ckpt, &b).unwrap();
+            let ld = Loader::new(&ckpt, &b, &|_, _| {}).unwrap();
             let modules = nvfp4_modules(&ckpt.tensors);
             assert!(!modules.is_empty(), "{name}: no NVFP4 modules");
             let (mut bytes, mut weights) = (0, 0);
