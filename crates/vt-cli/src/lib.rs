@@ -1,3 +1,5 @@
-//! The `vt` command's library half: the OpenAI-compatible server, so tests can run it in-process.
+//! The `vt` command's library half: the OpenAI-compatible server (so tests can run it in-process)
+//! and the benchmark driver.
 
+pub mod bench;
 pub mod server;

@@ -4,13 +4,10 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use vt::{
-    Backend, ChatMessage, Detokenizer, Engine, EngineConfig, EngineHandle, Logits, Model, Request, SamplingParams,
-    Tokenizer,
-};
+use vt::{Backend, ChatMessage, Detokenizer, EngineConfig, EngineHandle, Logits, Model, SamplingParams, Tokenizer};
+use vt_cli::bench::{self, LoadFormat};
 use vt_cli::server;
 
 #[derive(Parser)]
@@ -142,6 +139,12 @@ enum Command {
         prompt_len: usize,
         #[arg(long, default_value_t = 32)]
         gen_len: usize,
+        /// `dummy`: random weights at config.json's shapes (the directory needs only config.json).
+        #[arg(long, value_enum, default_value = "auto")]
+        load_format: LoadFormat,
+        /// Keep only the first N layers (a cheaper run at full width).
+        #[arg(long)]
+        num_layers: Option<usize>,
     },
 }
 
@@ -330,47 +333,10 @@ where
             })?;
             Ok(())
         }
-        Command::Bench { model, batch, prompt_len, gen_len } => {
-            let (m, _) = load(backend, model)?;
-            let vocab = m.spec().vocab;
-            let mut engine = Engine::new(
-                m,
-                EngineConfig {
-                    max_seqs: batch.iter().copied().max().unwrap_or(1),
-                    max_batch_tokens: usize::MAX,
-                    ..Default::default()
-                },
-            );
-            for &n in batch {
-                for i in 0..n {
-                    let prompt = (0..*prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
-                    engine.add(
-                        Request {
-                            prompt,
-                            max_tokens: *gen_len,
-                            sampling: SamplingParams::greedy(),
-                            stop_token_ids: vec![],
-                        },
-                        Box::new(|_| true),
-                    )?;
-                }
-                let started = Instant::now();
-                engine.step(); // prefill
-                let prefill = started.elapsed();
-                let mut generated = n;
-                while engine.has_work() {
-                    generated += engine.step();
-                }
-                let decode = started.elapsed() - prefill;
-                let decode_tokens = generated - n;
-                println!(
-                    "batch {n:>3}: prefill {:.0} tok/s, decode {:.1} tok/s ({:.1} ms/step), overall {:.1} generated tok/s",
-                    (n * prompt_len) as f64 / prefill.as_secs_f64(),
-                    decode_tokens as f64 / decode.as_secs_f64(),
-                    decode.as_secs_f64() * 1e3 / (decode_tokens / n).max(1) as f64,
-                    generated as f64 / started.elapsed().as_secs_f64()
-                );
-            }
+        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers } => {
+            let dir = model.model.clone().unwrap_or_else(default_model);
+            let m = bench::load(backend, &dir, *load_format, *num_layers)?;
+            bench::run(backend, m, &bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len })?;
             Ok(())
         }
     }

@@ -71,6 +71,34 @@ pub struct GdnInputs<'a, B: Backend> {
     pub dt_bias: &'a Tensor<B>,
 }
 
+/// One decode token of a Gated DeltaNet mixer: its convolution step and the gated delta rule.
+pub struct GdnStep<'a, B: Backend> {
+    /// `[1, 2 * key_heads * key_dim + value_heads * value_dim]`: the q, k and v channels before
+    /// the convolution.
+    pub qkv: &'a Tensor<B>,
+    /// Depthwise convolution weight `[channels, kernel]`.
+    pub conv: &'a Tensor<B>,
+    /// `[1, value_heads]`, `[1, value_heads]`, `[value_heads]`, `[value_heads]`: as in `GdnInputs`.
+    pub a: &'a Tensor<B>,
+    pub b: &'a Tensor<B>,
+    pub a_log: &'a Tensor<B>,
+    pub dt_bias: &'a Tensor<B>,
+    pub key_heads: usize,
+    pub key_dim: usize,
+    pub value_heads: usize,
+    pub value_dim: usize,
+}
+
+/// The shared expert of an MoE block: SwiGLU `down(silu(gate x) * up x)`, times
+/// `sigmoid(gate_proj x)` where the model gates it.
+pub struct SharedExpert<'a, B: Backend> {
+    pub gate: &'a Linear<B>,
+    pub up: &'a Linear<B>,
+    pub down: &'a Linear<B>,
+    /// `[1, hidden]`.
+    pub gate_proj: Option<&'a Linear<B>>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GdnMode {
     /// Chunked (WY) form, for prefill.
@@ -168,4 +196,82 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
 
     /// Routed experts of one MoE layer for `x` `[t, hidden]` (no shared expert).
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>>;
+
+    // ---- composites with a composed default (a backend overrides them to fuse) ----
+    /// `x + y` and its RMSNorm: a residual update and the norm that follows it.
+    fn add_rms_norm(
+        &self,
+        x: &Tensor<Self>,
+        y: &Tensor<Self>,
+        w: &Tensor<Self>,
+        eps: f32,
+        kind: NormKind,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, w, eps, kind)?;
+        Ok((sum, normed))
+    }
+
+    /// A whole MoE block: routed experts plus the shared expert, if any.
+    fn moe_block(
+        &self,
+        x: &Tensor<Self>,
+        router: &Router<Self>,
+        experts: &MoeExperts<Self>,
+        shared: Option<&SharedExpert<'_, Self>>,
+    ) -> Result<Tensor<Self>> {
+        moe_block_composed(self, x, router, experts, shared)
+    }
+
+    /// One decode token of a Gated DeltaNet mixer: the convolution step (updating `conv_state`)
+    /// and the recurrent gated delta rule (updating `state`) -> `[1, value_heads, value_dim]`.
+    fn gated_delta_step(
+        &self,
+        step: &GdnStep<'_, Self>,
+        conv_state: &mut Tensor<Self>,
+        state: &mut Tensor<Self>,
+    ) -> Result<Tensor<Self>> {
+        gated_delta_step_composed(self, step, conv_state, state)
+    }
+
+    /// Random contents at `shape` (dummy weights for benchmarks); values as `random::random_bytes`
+    /// gives them. The default generates on the host and uploads.
+    fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {
+        let bytes = crate::random::random_bytes(dtype, shape.iter().product(), seed, scale)?;
+        self.upload(dtype, shape, &bytes)
+    }
+}
+
+/// `Backend::moe_block` from the primitive ops (the default, and a fused backend's fallback).
+pub fn moe_block_composed<B: Backend>(
+    b: &B,
+    x: &Tensor<B>,
+    router: &Router<B>,
+    experts: &MoeExperts<B>,
+    shared: Option<&SharedExpert<'_, B>>,
+) -> Result<Tensor<B>> {
+    let routed = b.moe(x, router, experts)?;
+    let Some(s) = shared else { return Ok(routed) };
+    let mut y = b.linear(&b.swiglu(&b.linear(x, s.gate)?, &b.linear(x, s.up)?)?, s.down)?;
+    if let Some(g) = s.gate_proj {
+        y = b.gate(&y, &b.linear(x, g)?, GateAct::Sigmoid)?;
+    }
+    b.add(&routed, &y)
+}
+
+/// `Backend::gated_delta_step` from the primitive ops (the default, and a fused backend's fallback).
+pub fn gated_delta_step_composed<B: Backend>(
+    b: &B,
+    s: &GdnStep<'_, B>,
+    conv_state: &mut Tensor<B>,
+    state: &mut Tensor<B>,
+) -> Result<Tensor<B>> {
+    let key_total = s.key_heads * s.key_dim;
+    let qkv = b.causal_conv1d(s.qkv, s.conv, conv_state)?;
+    let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+    let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+    let v =
+        b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[1, s.value_heads, s.value_dim])?;
+    let inputs = GdnInputs { q: &q, k: &k, v: &v, a: s.a, b: s.b, a_log: s.a_log, dt_bias: s.dt_bias };
+    b.gated_delta_rule(&inputs, state, GdnMode::Recurrent)
 }

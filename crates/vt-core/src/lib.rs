@@ -7,11 +7,14 @@ pub mod dtype;
 pub mod error;
 #[cfg(feature = "mutation-address-keyed-cache")]
 mod mutation;
+pub mod random;
 pub mod resident;
 pub mod tensor;
 pub mod weights;
 
-pub use backend::{AttentionParams, Backend, GateAct, GdnInputs, GdnMode, MemoryStats, NormKind, Rope};
+pub use backend::{
+    AttentionParams, Backend, GateAct, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope, SharedExpert,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use resident::ResidentSlot;

@@ -8,6 +8,6 @@ mod rope;
 pub mod spec;
 
 /// Reading single weights of a checkpoint (tools and tests; `Model::load` reads them all).
-pub use loader::Loader;
+pub use loader::{DummyWeights, Loader};
 pub use model::{Logits, Model, SeqState};
 pub use spec::{Family, ModelSpec};

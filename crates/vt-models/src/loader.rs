@@ -7,6 +7,28 @@ use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Nvfp4, Result, 
 
 use crate::quant::{is_activation_scale, QuantConfig};
 
+/// Random weights at the shapes config.json implies, generated on the backend, instead of a
+/// checkpoint's tensors (benchmarks: `vt bench --load-format dummy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DummyWeights {
+    pub seed: u64,
+    /// Projections and experts in NVFP4, as NVFP4 checkpoints store them (routers, gates, the
+    /// embeddings and the LM head stay bf16).
+    pub nvfp4: bool,
+}
+
+impl DummyWeights {
+    /// A seed per tensor name (FNV-1a), so every tensor gets its own values.
+    fn seed(&self, name: &str) -> u64 {
+        name.bytes().fold(0xcbf2_9ce4_8422_2325 ^ self.seed, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    }
+
+    fn quantizes(&self, module: &str) -> bool {
+        let keep = [".gate", "shared_expert_gate", "in_proj_a", "in_proj_b", "g_proj", "embed_tokens", "lm_head"];
+        self.nvfp4 && !keep.iter().any(|k| module.ends_with(k))
+    }
+}
+
 /// Tensor access under the checkpoint's text-model prefix (`model.` or `model.language_model.`).
 pub struct Loader<'a, B: Backend> {
     pub ckpt: &'a Checkpoint,
@@ -19,6 +41,8 @@ pub struct Loader<'a, B: Backend> {
     progress: &'a dyn Fn(u64, u64),
     bytes_read: Cell<u64>,
     total: u64,
+    /// Set: every tensor is made up (`has` is true for any name).
+    dummy: Option<DummyWeights>,
 }
 
 /// Checkpoint tensors the text model reads: not multi-token prediction, the vision tower, or W4A4
@@ -50,11 +74,26 @@ impl<'a, B: Backend> Loader<'a, B> {
             progress,
             bytes_read: Cell::new(0),
             total,
+            dummy: None,
         })
     }
 
+    /// A loader that makes every tensor up; `ckpt` needs only its config.
+    pub fn dummy(ckpt: &'a Checkpoint, backend: &'a B, dummy: DummyWeights, progress: &'a dyn Fn(u64, u64)) -> Self {
+        Loader {
+            ckpt,
+            backend,
+            prefix: "model.".into(),
+            quant: None,
+            progress,
+            bytes_read: Cell::new(0),
+            total: 0,
+            dummy: Some(dummy),
+        }
+    }
+
     pub fn has(&self, name: &str) -> bool {
-        self.ckpt.tensors.contains(name)
+        self.dummy.is_some() || self.ckpt.tensors.contains(name)
     }
 
     pub fn get(&self, name: &str) -> Result<TensorRef<'a>> {
@@ -63,6 +102,9 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// A float tensor of exactly `shape`, uploaded in its stored dtype.
     pub fn float(&self, name: &str, shape: &[usize]) -> Result<Tensor<B>> {
+        if let Some(d) = &self.dummy {
+            return self.backend.random(DType::BF16, shape, d.seed(name), 0.1);
+        }
         let t = self.get(name)?;
         check_float(&t)?;
         // Some checkpoints keep singleton dimensions (e.g. conv1d's [C, 1, K]); compare numel-wise
@@ -88,6 +130,9 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// The matrix `[out, in]` of module `base` in its stored form: NVFP4 (either encoding) or dense.
     pub fn weight(&self, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
+        if let Some(d) = &self.dummy {
+            return self.dummy_weight(d, base, out, inp);
+        }
         let w = match &self.quant {
             Some(q) if q.is_nvfp4(base, q.stored_nvfp4(&self.ckpt.tensors, base))? => {
                 let parts = q.read(&self.ckpt.tensors, base, out, inp)?;
@@ -104,6 +149,22 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(w)
     }
 
+    /// Random values of about a trained layer's scale (|w| ~ 1/sqrt(in)).
+    fn dummy_weight(&self, d: &DummyWeights, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
+        let (b, seed) = (self.backend, d.seed(base));
+        let w = if d.quantizes(base) && inp % NVFP4_GROUP == 0 {
+            Weight::Nvfp4(Nvfp4 {
+                codes: b.random(DType::F4x2, &[out, inp], seed, 1.0)?,
+                scales: b.random(DType::F8E4M3, &[out, inp / NVFP4_GROUP], seed ^ 1, 1.0)?,
+                global_scale: 0.5 / (inp as f32).sqrt(),
+            })
+        } else {
+            Weight::Dense(b.random(DType::BF16, &[out, inp], seed, (3.0 / inp as f32).sqrt())?)
+        };
+        w.validate(base)?;
+        Ok(w)
+    }
+
     pub fn linear(&self, base: &str, out: usize, inp: usize) -> Result<Linear<B>> {
         Ok(Linear::new(self.backend, self.weight(base, out, inp)?))
     }
@@ -112,7 +173,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`).
     pub fn experts(&self, base: &str, num: usize, hidden: usize, inter: usize) -> Result<MoeExperts<B>> {
         let stacked = format!("{base}.gate_up_proj");
-        let experts = if self.has(&stacked) {
+        let experts = if self.dummy.is_none() && self.has(&stacked) {
             let gate_up = self.get(&stacked)?;
             if gate_up.dtype == DType::U8 {
                 let why = "vt reads NVFP4 experts per expert (`experts.{e}.gate_proj`, ...), as compressed-tensors and ModelOpt export them";

@@ -4,10 +4,10 @@ use std::path::Path;
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
-    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, Tensor,
+    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MoeExperts, Result, Router, Tensor,
 };
 
-use crate::loader::Loader;
+use crate::loader::{DummyWeights, Loader};
 use crate::spec::{AttnGate, AttnSpec, FfnSpec, GdnSpec, LayerSpec, MixerSpec, ModelSpec, MoeSpec, SharedExpert};
 
 struct Attention<B: Backend> {
@@ -128,8 +128,17 @@ impl<B: Backend> Model<B> {
     }
 
     pub fn from_checkpoint(backend: &B, ckpt: &Checkpoint, progress: &dyn Fn(u64, u64)) -> Result<Self> {
+        Self::build(backend, ckpt, Loader::new(ckpt, backend, progress)?)
+    }
+
+    /// The model `ckpt`'s config describes, with random weights made on `backend` (only the
+    /// config is read: benchmarks at real shapes without the checkpoint).
+    pub fn dummy(backend: &B, ckpt: &Checkpoint, weights: DummyWeights) -> Result<Self> {
+        Self::build(backend, ckpt, Loader::dummy(ckpt, backend, weights, &|_, _| {}))
+    }
+
+    fn build(backend: &B, ckpt: &Checkpoint, ld: Loader<'_, B>) -> Result<Self> {
         let spec = ModelSpec::from_config(&ckpt.config)?;
-        let ld = Loader::new(ckpt, backend, progress)?;
         let p = ld.prefix.clone();
         let h = spec.hidden;
         let embed = ld.linear(&format!("{p}embed_tokens"), spec.vocab, h)?;
@@ -153,6 +162,58 @@ impl<B: Backend> Model<B> {
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Bytes of weights one decode token reads: every matrix, norm and gate once, one embedding
+    /// row, and of each MoE layer's experts only the routed top-k (the weight-bytes roofline's
+    /// numerator).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let t = |t: &Tensor<B>| t.dtype().bytes_for(t.numel()).unwrap_or(0);
+        let l = |l: &Linear<B>| l.weight.resident_bytes();
+        let mlp = |m: &Mlp<B>| l(&m.gate) + l(&m.up) + l(&m.down);
+        let layers: usize =
+            self.layers
+                .iter()
+                .map(|layer| {
+                    let mixer = match &layer.mixer {
+                        Mixer::Attention(a) => {
+                            l(&a.q_proj)
+                                + l(&a.k_proj)
+                                + l(&a.v_proj)
+                                + l(&a.o_proj)
+                                + t(&a.q_norm)
+                                + t(&a.k_norm)
+                                + a.g_proj.as_ref().map_or(0, l)
+                        }
+                        Mixer::DeltaNet(d) => {
+                            l(&d.in_proj_qkv)
+                                + l(&d.in_proj_z)
+                                + l(&d.in_proj_b)
+                                + l(&d.in_proj_a)
+                                + l(&d.out_proj)
+                                + t(&d.conv)
+                                + t(&d.a_log)
+                                + t(&d.dt_bias)
+                                + t(&d.norm)
+                        }
+                    };
+                    let ffn = match &layer.ffn {
+                        Ffn::Dense(m) => mlp(m),
+                        Ffn::Moe(m) => {
+                            let expert = m.experts.experts.first().map_or(0, |e| {
+                                e.gate.resident_bytes() + e.up.resident_bytes() + e.down.resident_bytes()
+                            });
+                            l(&m.router.weight)
+                                + m.router.kind.top_k() * expert
+                                + m.shared.as_ref().map_or(0, mlp)
+                                + m.shared_gate.as_ref().map_or(0, l)
+                        }
+                    };
+                    t(&layer.input_norm) + t(&layer.post_norm) + mixer + ffn
+                })
+                .sum();
+        let row = l(&self.embed) / self.spec.vocab.max(1);
+        row + layers + t(&self.norm) + l(self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
     /// The routed experts of every MoE layer, in layer order (lifetime tests check where they live
@@ -229,30 +290,36 @@ impl<B: Backend> Model<B> {
             row += ids.len();
         }
         let all_ids: Vec<u32> = seqs.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+        let (eps, kind) = (self.spec.eps, self.spec.norm);
         let mut x = b.embedding(table, &all_ids)?;
+        // `h` is always the norm of `x` that comes next: each residual update and the following
+        // norm are one fused step (the last one's norm is the model's final norm).
+        let mut h = match self.layers.first() {
+            Some(l) => b.rms_norm(&x, &l.input_norm, eps, kind)?,
+            None => b.rms_norm(&x, &self.norm, eps, kind)?,
+        };
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = b.rms_norm(&x, &layer.input_norm, self.spec.eps, self.spec.norm)?;
             let mut states: Vec<&mut LayerState<B>> = seqs.iter_mut().map(|(_, s)| &mut s.layers[li]).collect();
             let mixed = match &layer.mixer {
                 Mixer::Attention(a) => self.attention(a, &h, &spans, &mut states)?,
                 Mixer::DeltaNet(d) => self.delta_net(d, &h, &spans, &mut states)?,
             };
-            x = b.add(&x, &mixed)?;
-            let h = b.rms_norm(&x, &layer.post_norm, self.spec.eps, self.spec.norm)?;
+            let (x1, h1) = b.add_rms_norm(&x, &mixed, &layer.post_norm, eps, kind)?;
             let f = match &layer.ffn {
-                Ffn::Dense(m) => self.mlp(m, &h)?,
-                Ffn::Moe(m) => self.moe(m, &h)?,
+                Ffn::Dense(m) => self.mlp(m, &h1)?,
+                Ffn::Moe(m) => self.moe(m, &h1)?,
             };
-            x = b.add(&x, &f)?;
+            let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
+            (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
         }
         for ((_, state), span) in seqs.iter_mut().zip(&spans) {
             state.pos += span.len;
         }
+        // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
         if which == Logits::Last {
-            x = self.per_seq(&spans, |_, s| b.slice_rows(&x, s.row + s.len - 1, 1))?;
+            h = self.per_seq(&spans, |_, s| b.slice_rows(&h, s.row + s.len - 1, 1))?;
         }
-        let x = b.rms_norm(&x, &self.norm, self.spec.eps, self.spec.norm)?;
-        b.linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed))
+        b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
     /// Runs `f` for each sequence and stacks its results (`[rows, width]`) in order.
@@ -288,17 +355,18 @@ impl<B: Backend> Model<B> {
         let k = b.linear(x, &a.k_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
         let k = b.rms_norm(&k, &a.k_norm, self.spec.eps, s.qk_norm)?;
         let v = b.linear(x, &a.v_proj)?;
-        let (q, k) = (q.reshape(&[t, width])?, k.reshape(&[t, s.kv_heads * s.head_dim])?);
+        let (mut q, mut k, mut v) =
+            (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
         let o = self.per_seq(spans, |i, sp| {
             let LayerState::Attention(cache) = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
             let rows =
-                |m: &Tensor<B>, heads: usize| b.slice_rows(m, sp.row, sp.len)?.reshape(&[sp.len, heads, s.head_dim]);
-            let q = b.rope(&rows(&q, s.q_heads)?, sp.start, &s.rope)?;
-            let k = b.rope(&rows(&k, s.kv_heads)?, sp.start, &s.rope)?;
-            b.attention(&q, &k, &rows(&v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
+                |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
+            let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;
+            let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
+            b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
         })?;
         let o = match (s.gate, gate, &a.g_proj) {
             (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
@@ -319,15 +387,32 @@ impl<B: Backend> Model<B> {
         let s = &d.spec;
         let t = x.rows();
         let key_total = s.key_heads * s.key_dim;
-        let qkv_in = b.linear(x, &d.in_proj_qkv)?;
-        let a = b.linear(x, &d.in_proj_a)?;
-        let beta_in = b.linear(x, &d.in_proj_b)?;
+        let mut qkv_in = Some(b.linear(x, &d.in_proj_qkv)?);
+        let mut a = Some(b.linear(x, &d.in_proj_a)?);
+        let mut beta_in = Some(b.linear(x, &d.in_proj_b)?);
         let o = self.per_seq(spans, |i, sp| {
             let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
             let n = sp.len;
-            let qkv = b.causal_conv1d(&b.slice_rows(&qkv_in, sp.row, n)?, &d.conv, conv)?;
+            if n == 1 {
+                let (qkv, a, beta_in) =
+                    (take_rows(b, &mut qkv_in, sp)?, take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
+                let step = GdnStep {
+                    qkv: &qkv,
+                    conv: &d.conv,
+                    a: &a,
+                    b: &beta_in,
+                    a_log: &d.a_log,
+                    dt_bias: &d.dt_bias,
+                    key_heads: s.key_heads,
+                    key_dim: s.key_dim,
+                    value_heads: s.value_heads,
+                    value_dim: s.value_dim,
+                };
+                return b.gated_delta_step(&step, conv, recurrent)?.reshape(&[1, s.value_heads * s.value_dim]);
+            }
+            let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &d.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
@@ -335,11 +420,10 @@ impl<B: Backend> Model<B> {
                 s.value_heads,
                 s.value_dim,
             ])?;
-            let (a, beta_in) = (b.slice_rows(&a, sp.row, n)?, b.slice_rows(&beta_in, sp.row, n)?);
+            let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
-            // As transformers: the recurrent form for single-token steps, the chunked form otherwise.
-            let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
-            b.gated_delta_rule(&inputs, recurrent, mode)?.reshape(&[n, s.value_heads * s.value_dim])
+            // As transformers: the recurrent form for single-token steps (above), the chunked form otherwise.
+            b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])
         })?;
         let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
         let z = b.linear(x, &d.in_proj_z)?.reshape(&[t * s.value_heads, s.value_dim])?;
@@ -354,15 +438,24 @@ impl<B: Backend> Model<B> {
     }
 
     fn moe(&self, m: &MoeBlock<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
-        let b = &self.backend;
-        let routed = b.moe(x, &m.router, &m.experts)?;
-        let Some(shared) = &m.shared else { return Ok(routed) };
-        let mut s = self.mlp(shared, x)?;
-        if let Some(g) = &m.shared_gate {
-            s = b.gate(&s, &b.linear(x, g)?, GateAct::Sigmoid)?;
-        }
-        b.add(&routed, &s)
+        let shared = m.shared.as_ref().map(|s| vt_core::SharedExpert {
+            gate: &s.gate,
+            up: &s.up,
+            down: &s.down,
+            gate_proj: m.shared_gate.as_ref(),
+        });
+        self.backend.moe_block(x, &m.router, &m.experts, shared.as_ref())
     }
+}
+
+/// The rows of one sequence's span of a batched tensor: the tensor itself, taken, when the span is
+/// all of it (a single sequence: no copy), else a copy of its rows.
+fn take_rows<B: Backend>(b: &B, m: &mut Option<Tensor<B>>, sp: &Span) -> Result<Tensor<B>> {
+    let all = m.as_ref().ok_or_else(|| Error::input("a batched tensor's rows were taken twice"))?;
+    if sp.row == 0 && sp.len == all.rows() {
+        return m.take().ok_or_else(|| Error::input("a batched tensor's rows were taken twice"));
+    }
+    b.slice_rows(all, sp.row, sp.len)
 }
 
 fn load_layer<B: Backend>(ld: &Loader<B>, spec: &ModelSpec, ls: &LayerSpec, p: &str) -> Result<Layer<B>> {

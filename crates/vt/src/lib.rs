@@ -22,7 +22,7 @@ pub use generate::{generate, generate_with, GenerateOptions, Generation};
 pub use sampling::{Sampler, SamplingParams};
 pub use text::{ChatMessage, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
-pub use vt_models::{Family, Logits, Model, ModelSpec, SeqState};
+pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
 
 #[cfg(feature = "cpu")]
 pub use vt_cpu::{AllocMode, CpuBackend};

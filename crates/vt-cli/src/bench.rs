@@ -1,0 +1,147 @@
+//! `vt bench`: batched greedy generation on a checkpoint, or on dummy weights at the shapes of a
+//! config.json alone (`--load-format dummy`: random values made on the backend, so a 35B model's
+//! benchmark needs neither its 70 GB of weights nor minutes of loading). Reports per batch size
+//! the time to first token (the batch's prefill step), time per output token (a decode step),
+//! tokens per second and memory, and at batch 1 the decode speed against the weight-bytes roofline
+//! (weight bytes one token reads ÷ the copy bandwidth measured here).
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::Value;
+use vt::checkpoint::{Checkpoint, Config, TensorStore};
+use vt::{Backend, DummyWeights, Engine, EngineConfig, Model, Request, Result, SamplingParams};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// The checkpoint's safetensors.
+    Auto,
+    /// Random bf16 weights at the config's shapes.
+    Dummy,
+    /// Random weights, projections and experts NVFP4 (as NVFP4 checkpoints store them).
+    DummyNvfp4,
+}
+
+/// `config.json` of `dir` cut to its first `layers` layers: `num_hidden_layers` and every per-layer
+/// list (an array as long as the layer count) of the text config.
+fn config(dir: &Path, layers: Option<usize>) -> Result<Config> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| vt::Error::Io { path: path.clone(), source })?;
+    let Some(n) = layers else { return Config::from_str(&path, &text) };
+    let mut root: Value =
+        serde_json::from_str(&text).map_err(|source| vt::Error::Json { path: path.clone(), source })?;
+    let text_cfg =
+        if root.get("text_config").is_some_and(Value::is_object) { &mut root["text_config"] } else { &mut root };
+    let total = text_cfg.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0) as usize;
+    if let Some(obj) = text_cfg.as_object_mut() {
+        for v in obj.values_mut() {
+            if let Some(list) = v.as_array_mut().filter(|l| l.len() == total) {
+                list.truncate(n);
+            }
+        }
+        obj.insert("num_hidden_layers".into(), n.min(total).into());
+    }
+    Config::from_str(&path, &root.to_string())
+}
+
+/// The model of `dir`, from its weights or made up (`format`), cut to `layers` layers if given.
+pub fn load<B: Backend>(backend: &B, dir: &Path, format: LoadFormat, layers: Option<usize>) -> Result<Model<B>> {
+    let config = config(dir, layers)?;
+    let tensors = match format {
+        LoadFormat::Auto => TensorStore::open_dir(dir)?,
+        _ => TensorStore::open_files(dir, &[])?,
+    };
+    let ckpt = Checkpoint { dir: dir.to_path_buf(), config, tensors };
+    match format {
+        LoadFormat::Auto => Model::from_checkpoint(backend, &ckpt, &|_, _| {}),
+        LoadFormat::Dummy => Model::dummy(backend, &ckpt, DummyWeights { seed: 0, nvfp4: false }),
+        LoadFormat::DummyNvfp4 => Model::dummy(backend, &ckpt, DummyWeights { seed: 0, nvfp4: true }),
+    }
+}
+
+/// Copy bandwidth (bytes read + written per second): ten back-to-back copies of a 256M-element
+/// activation tensor, one wait at the end.
+fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
+    let (rows, width, dtype, copies) = (1 << 15, 8192, b.activation_dtype(), 10);
+    let big = b.random(dtype, &[rows, width], 1, 1.0)?;
+    b.to_f32(&b.slice_rows(&big, 0, 1)?)?; // waits for the fill
+    let t0 = Instant::now();
+    for _ in 1..copies {
+        b.slice_rows(&big, 0, rows)?;
+    }
+    let last = b.slice_rows(&big, 0, rows)?;
+    b.to_f32(&b.slice_rows(&last, 0, 1)?)?; // waits for the copies
+    Ok(2.0 * (copies * dtype.bytes_for(rows * width).unwrap_or(0)) as f64 / t0.elapsed().as_secs_f64())
+}
+
+pub struct Shape {
+    pub batch: Vec<usize>,
+    pub prompt_len: usize,
+    pub gen_len: usize,
+}
+
+pub fn run<B: Backend>(backend: &B, model: Model<B>, shape: &Shape) -> Result<()>
+where
+    Model<B>: Send,
+{
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let weights = backend.memory().bytes_live;
+    let token_bytes = model.decode_weight_bytes();
+    let bandwidth = copy_bandwidth(backend)?;
+    let roofline = bandwidth / token_bytes as f64;
+    println!(
+        "weights {:.2} GiB resident; one decode token reads {:.1} MB; copy bandwidth {:.0} GB/s: roofline {roofline:.0} tok/s at batch 1",
+        gib(weights),
+        token_bytes as f64 / 1e6,
+        bandwidth / 1e9
+    );
+    let vocab = model.spec().vocab;
+    let config = EngineConfig {
+        max_seqs: shape.batch.iter().copied().max().unwrap_or(1),
+        max_batch_tokens: usize::MAX,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(model, config);
+    // Warm-up: the first forward builds each layer's resident state (expert tables).
+    let warm =
+        Request { prompt: vec![1, 2, 3, 4], max_tokens: 2, sampling: SamplingParams::greedy(), stop_token_ids: vec![] };
+    engine.add(warm, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
+    while engine.has_work() {
+        engine.step();
+    }
+    for &n in &shape.batch {
+        for i in 0..n {
+            let prompt = (0..shape.prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
+            let req = Request {
+                prompt,
+                max_tokens: shape.gen_len,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+            };
+            engine.add(req, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
+        }
+        let started = Instant::now();
+        engine.step(); // prefill and each sequence's first token
+        let ttft = started.elapsed();
+        let (mut generated, mut steps) = (n, 0usize);
+        while engine.has_work() {
+            generated += engine.step();
+            steps += 1;
+        }
+        let decode = started.elapsed() - ttft;
+        let tpot = decode.as_secs_f64() / steps.max(1) as f64;
+        let tok_s = (generated - n) as f64 / decode.as_secs_f64();
+        let vs_roofline =
+            if n == 1 { format!(", {:.0}% of the roofline", 100.0 * tok_s / roofline) } else { String::new() };
+        println!(
+            "batch {n:>3}: TTFT {:>8.1} ms (prefill {:>7.0} tok/s), TPOT {:>7.2} ms, decode {:>8.1} tok/s{vs_roofline}; memory {:.2} GiB live, {:.2} GiB peak",
+            ttft.as_secs_f64() * 1e3,
+            (n * shape.prompt_len) as f64 / ttft.as_secs_f64(),
+            tpot * 1e3,
+            tok_s,
+            gib(backend.memory().bytes_live),
+            gib(backend.memory().peak_bytes)
+        );
+    }
+    Ok(())
+}
