@@ -4,7 +4,7 @@
 # runs them all (tools/gpu/run_suite.sh). Carry `.gpu` with the call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=.gpu/bin
+out=${VT_GPU_BIN:-.gpu/bin}  # another folder keeps concurrent sessions' binaries apart
 rm -rf "$out" && mkdir -p "$out"
 
 # Test executables of a cargo invocation, as "name path" lines.
@@ -23,9 +23,11 @@ cargo test --release -p vt-cuda --features cuda,mutation-address-keyed-cache --t
 executables --features cuda,mutation-address-keyed-cache --test lifetime | while read -r _ path; do cp "$path" "$out/lifetime-mutation"; done
 cargo build --release -p vt-cli --features cuda
 cp target/release/vt "$out/vt"
+cargo build --release -p vt-cuda --features cuda --example prefill_bench  # tools/gpu/bench_prefill.sh
+cp target/release/examples/prefill_bench "$out/prefill_bench"
 strip "$out"/*
 ls -la "$out"
-du -sh .gpu
+du -sh "$(dirname "$out")"
 echo
-echo "device command (carry [\".gpu\"]):"
-echo "  bash tools/gpu/run_suite.sh"
+echo "device command (carry [\"$(dirname "$out")\"]):"
+echo "  VT_GPU_BIN=$out bash tools/gpu/run_suite.sh"

@@ -5,7 +5,7 @@
 set -uo pipefail
 logs=${OUT:-/tmp/vt-gpu}
 mkdir -p "$logs"
-bin=.gpu/bin
+bin=${VT_GPU_BIN:-.gpu/bin}
 # The binaries find fixtures/ through the repository path they were built in.
 root=$(strings "$bin/parity" | grep -o '/[^ ]*/crates/vt-test-support' | head -1 | sed 's,/crates/vt-test-support$,,')
 if [ -n "$root" ] && [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi

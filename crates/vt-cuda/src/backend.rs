@@ -124,6 +124,10 @@ impl CudaBackend {
         &self.inner.alloc
     }
 
+    pub(crate) fn gemm(&self) -> &Gemm {
+        &self.inner.gemm
+    }
+
     /// Waits for every op queued so far.
     pub fn synchronize(&self) -> Result<()> {
         self.stream().synchronize().map_err(|e| driver_err("synchronize", e))
@@ -483,13 +487,13 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// Both modes run the token-by-token kernel on the GPU (the same arithmetic as the chunked
-    /// form up to f32 rounding); a chunked kernel is later work.
+    /// The chunked mode takes gdn_chunk.rs's kernels where they fit (key dim 128); everything
+    /// else runs the token-by-token kernel (the same arithmetic up to f32 rounding).
     fn gated_delta_rule(
         &self,
         inp: &GdnInputs<'_, Self>,
         state: &mut Tensor<Self>,
-        _mode: GdnMode,
+        mode: GdnMode,
     ) -> Result<Tensor<Self>> {
         let op = "gated_delta_rule";
         let (t, key_heads, key_dim) = dims3(inp.q, op)?;
@@ -534,6 +538,23 @@ impl Backend for CudaBackend {
         let po = out.buffer().ptr();
         let (ti, kh, vh, dk, dv) =
             (i32_of(t, "tokens")?, key_heads as i32, value_heads as i32, key_dim as i32, value_dim as i32);
+        if mode == GdnMode::Chunked && crate::gdn_chunk::fits(t, key_dim, value_dim) {
+            let ops = crate::gdn_chunk::Operands {
+                out: po,
+                q: pq,
+                k: pk,
+                v: pv,
+                a: pa,
+                b: pb,
+                a_log: pal,
+                a_log_dt: al_dt,
+                dt_bias: pdt,
+                dt_bias_dt: dt_dt,
+                state: ps,
+            };
+            crate::gdn_chunk::run(self, &ops, t, key_heads, value_heads, value_dim)?;
+            return Ok(out);
+        }
         let mut l = self.stream().launch_builder(&self.k().gdn_recurrent);
         l.arg(&po)
             .arg(&pq)
@@ -566,6 +587,9 @@ impl Backend for CudaBackend {
     }
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
+        if crate::grouped::fits(x, router, experts) {
+            return crate::grouped::moe(self, x, router, experts);
+        }
         crate::moe::moe(self, x, router, experts)
     }
 }

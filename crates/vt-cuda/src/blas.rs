@@ -54,11 +54,32 @@ impl Gemm {
         n: usize,
         k: usize,
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.xwt(stream, x, w, y, t, n, k, sys::cudaDataType_t::CUDA_R_16BF) }
+    }
+
+    /// As `bf16_xwt` with `y` of type `out` (bf16, or f32 where the next step wants full
+    /// precision, as router logits do).
+    ///
+    /// # Safety
+    /// As `bf16_xwt`, with `y` holding `t * n` values of `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn xwt(
+        &self,
+        stream: &CudaStream,
+        x: u64,
+        w: u64,
+        y: u64,
+        t: usize,
+        n: usize,
+        k: usize,
+        out: sys::cudaDataType_t,
+    ) -> Result<()> {
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
         // Column-major view: Yᵀ [n, t] = W [k, n]ᵀ · Xᵀ [k, t].
         let a = Layout::new(bf, k, n, k)?;
         let b = Layout::new(bf, k, t, k)?;
-        let c = Layout::new(bf, n, t, n)?;
+        let c = Layout::new(out, n, t, n)?;
         let desc = Desc(
             lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)
                 .map_err(|e| blas_err("matmul desc", e))?,

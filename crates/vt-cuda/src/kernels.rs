@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use vt_core::{Error, Result};
@@ -51,4 +52,13 @@ kernels! {
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
+    "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
+    "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],
+    "gdn_chunk.cu" => [gdn_chunk_prep_v64, gdn_chunk_scan_v64, gdn_chunk_prep_v128, gdn_chunk_scan_v128],
+}
+
+/// Lets `f` use `bytes` of dynamic shared memory (above the 48 KiB a launch gets by default).
+pub(crate) fn allow_shared(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
+    f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map_err(|e| driver_err(&format!("{name}: {bytes} bytes of shared memory"), e))
 }

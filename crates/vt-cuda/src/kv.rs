@@ -127,30 +127,35 @@ pub(crate) fn attention(
         head_dim as i32,
         i32_of(start, "position")?,
     );
-    let mut l = b.stream().launch_builder(&b.k().attention);
-    l.arg(&po)
-        .arg(&pq)
-        .arg(&pk)
-        .arg(&pv)
-        .arg(&kc)
-        .arg(&vc)
-        .arg(&ti)
-        .arg(&hq)
-        .arg(&hkv)
-        .arg(&d)
-        .arg(&s)
-        .arg(&window)
-        .arg(&p.scale);
-    let cfg = LaunchConfig {
-        grid_dim: ((t * q_heads).div_ceil(4) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: attention(bf16* out, q, k, v, const bf16* kc, const bf16* vc, int t, int q_heads,
-    // int kv_heads, int d, int start, int window, float scale): one warp per (token, head); q/out
-    // [t, q_heads, d], k/v [t, kv_heads, d] (checked); the cache holds every position before
-    // `start` that a query can see (all of them, or the last window - 1 in the ring).
-    launched(unsafe { l.launch(cfg) }, "attention")?;
+    if crate::flash::fits(t, head_dim) {
+        let ops = crate::flash::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
+        crate::flash::launch(b, &ops, ti, hq, hkv, head_dim, s, window, p.scale)?;
+    } else {
+        let mut l = b.stream().launch_builder(&b.k().attention);
+        l.arg(&po)
+            .arg(&pq)
+            .arg(&pk)
+            .arg(&pv)
+            .arg(&kc)
+            .arg(&vc)
+            .arg(&ti)
+            .arg(&hq)
+            .arg(&hkv)
+            .arg(&d)
+            .arg(&s)
+            .arg(&window)
+            .arg(&p.scale);
+        let cfg = LaunchConfig {
+            grid_dim: ((t * q_heads).div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: attention(bf16* out, q, k, v, const bf16* kc, const bf16* vc, int t, int q_heads,
+        // int kv_heads, int d, int start, int window, float scale): one warp per (token, head); q/out
+        // [t, q_heads, d], k/v [t, kv_heads, d] (checked); the cache holds every position before
+        // `start` that a query can see (all of them, or the last window - 1 in the ring).
+        launched(unsafe { l.launch(cfg) }, "attention")?;
+    }
     let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
     let mut l = b.stream().launch_builder(&b.k().kv_append);
     l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&window);

@@ -14,11 +14,19 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
+mod flash;
+#[cfg(feature = "cuda")]
+mod gdn_chunk;
+#[cfg(feature = "cuda")]
+mod grouped;
+#[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
 mod kv;
 #[cfg(feature = "cuda")]
 mod moe;
+#[cfg(feature = "cuda")]
+mod timing;
 #[cfg(feature = "cuda")]
 mod weight;
 

@@ -21,6 +21,13 @@ pub struct CudaExpertTable {
     table: CudaBuffer,
 }
 
+impl CudaExpertTable {
+    /// Device address of the `[experts, 2]` `WeightDesc` array (grouped.rs reads it too).
+    pub(crate) fn descs(&self) -> u64 {
+        self.table.ptr()
+    }
+}
+
 /// Rows of `a` and `b` (each `rows` rows of `row_bytes`) interleaved into a new buffer.
 fn interleave(
     b: &CudaBackend,
@@ -85,7 +92,7 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
 }
 
 /// The routing kernel's `kind`, renormalisation, softcap and scaling for a router.
-fn router_args(kind: &RouterKind) -> Result<(i32, i32, f32, f32)> {
+pub(crate) fn router_args(kind: &RouterKind) -> Result<(i32, i32, f32, f32)> {
     Ok(match *kind {
         RouterKind::Softmax { renormalize, .. } => (0, renormalize as i32, 0.0, 1.0),
         RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => {

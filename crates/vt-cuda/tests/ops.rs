@@ -279,8 +279,10 @@ fn moe_every_router_and_expert_format() {
                 ],
             })
             .collect();
+        // bf16 experts take the grouped prefill path, which rounds the SwiGLU activations to bf16.
+        let bound = if format == "bf16" { 2.0 * U } else { U };
         for kind in &kinds {
-            on_both!(&format!("moe {format} {kind:?}"), U, |b| {
+            on_both!(&format!("moe {format} {kind:?}"), bound, |b| {
                 let ex = experts
                     .iter()
                     .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
@@ -298,5 +300,105 @@ fn moe_every_router_and_expert_format() {
                 first
             });
         }
+    }
+}
+
+// ---- Prefill kernels (grouped MoE GEMMs, flash attention, chunked GDN) on the shapes they take ----
+
+#[test]
+fn moe_grouped_prefill() {
+    let mut r = Rng(0x9a0e);
+    // Several tiles per expert; hidden and intermediate not multiples of the 32-wide K steps or
+    // the 128-row N tiles, so every tail is exercised.
+    let (t, h, inter, n_exp) = (300, 200, 72, 16);
+    let kinds = [
+        RouterKind::Softmax { top_k: 4, renormalize: true },
+        RouterKind::Sigmoid { top_k: 3, softcap: Some(3.0), renormalize: false, routed_scaling: 2.5 },
+    ];
+    let x = r.vec(t * h, 2.0);
+    let router_w = HostWeight::bf16(&mut r, n_exp, h);
+    let bias = r.vec(n_exp, 0.1);
+    let experts: Vec<[HostWeight; 3]> = (0..n_exp)
+        .map(|_| {
+            [HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, h, inter)]
+        })
+        .collect();
+    for kind in &kinds {
+        // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM.
+        on_both!(&format!("moe grouped prefill {kind:?}"), 2.0 * U, |b| {
+            let ex = experts
+                .iter()
+                .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
+                .collect();
+            let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+            let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+            let router = Router {
+                weight: Linear::new(b, router_w.upload(b)),
+                kind: kind.clone(),
+                correction_bias: sigmoid.then(|| small(b, &bias)),
+            };
+            let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
+            assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
+            first
+        });
+    }
+}
+
+#[test]
+fn attention_flash_prefill() {
+    let mut r = Rng(0xf1a5);
+    // A prefill of several query tiles (longer than the window), a continuation over the cache,
+    // a decode step (the simple kernel) and a short chunk.
+    let steps = [150usize, 70, 1, 3];
+    let total: usize = steps.iter().sum();
+    for (hq, hkv, d) in [(4, 2, 64), (4, 1, 128), (2, 2, 256)] {
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        for window in [None, Some(100)] {
+            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+            // 2u: the probabilities are rounded to bf16 for the P V product.
+            on_both!(&format!("attention flash [{hq}, {hkv}, {d}] window {window:?}"), 2.0 * U, |b| {
+                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+                let (mut s, mut all) = (0, Vec::new());
+                for &n in &steps {
+                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+                    all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
+                    s += n;
+                }
+                all
+            });
+        }
+    }
+}
+
+#[test]
+fn gated_delta_rule_chunked_prefill() {
+    let mut r = Rng(0xc4c4);
+    // Three chunks (the last partial), a decode step, then a chunk from a non-zero state.
+    let steps = [150usize, 1, 70];
+    let total: usize = steps.iter().sum();
+    for (kh, vh, dk, dv) in [(2, 4, 128, 128), (1, 2, 128, 64)] {
+        let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
+        let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
+        let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
+        on_both!(&format!("gated_delta_rule chunked [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
+            let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
+            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+            let (mut s, mut all) = (0, Vec::new());
+            for &n in &steps {
+                let qt = act(b, &[n, kh, dk], &q[s * kh * dk..(s + n) * kh * dk]);
+                let kt = act(b, &[n, kh, dk], &k[s * kh * dk..(s + n) * kh * dk]);
+                let vt = act(b, &[n, vh, dv], &v[s * vh * dv..(s + n) * vh * dv]);
+                let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
+                let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
+                let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
+                let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
+                all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
+                s += n;
+            }
+            all.extend(out(b, &state));
+            all
+        });
     }
 }

@@ -1,0 +1,199 @@
+//! Prefill kernels on Qwen3.5-35B-A3B shapes with synthetic weights, each beside its ceiling
+//! measured in the same process: bytes ÷ device copy bandwidth and FLOPs ÷ cuBLASLt bf16 GEMM
+//! rate. Writes one JSON object per line to `OUT/vt.json` plus the MoE input and router weight
+//! (`OUT/moe_x.bin`, `OUT/moe_router.bin`, raw bf16) so that tools/gpu/prefill_peers.py measures
+//! torch on the same routing, then prints the joint table.
+//!
+//! usage: prefill_bench OUT_DIR   (VT_BENCH_WARMUP, VT_BENCH_ITERS: runs per case, default 3 and
+//! 20; `VT_BENCH_WARMUP=0 VT_BENCH_ITERS=1` runs each op once, for a profiler)
+
+use std::io::Write;
+
+use vt_core::{
+    AttentionParams, Backend, DType, Expert, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, RouterKind,
+    Tensor, Weight,
+};
+use vt_cuda::CudaBackend;
+
+/// Warm-up and timed runs per case.
+fn runs() -> (usize, usize) {
+    let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    (var("VT_BENCH_WARMUP", 3), var("VT_BENCH_ITERS", 20))
+}
+
+/// A pool of random bf16 values (uniform in [-1, 1)); weights are windows of it, scaled.
+struct Pool(Vec<u16>);
+
+impl Pool {
+    fn new(n: usize) -> Self {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        Pool(
+            (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    let x = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    half::bf16::from_f32(x).to_bits()
+                })
+                .collect(),
+        )
+    }
+
+    /// `n` values from `seed`'s window, times `scale` (bf16 bytes).
+    fn bytes(&self, n: usize, seed: usize, scale: f32) -> Vec<u8> {
+        let start = seed.wrapping_mul(7_919_993) % (self.0.len() - n.min(self.0.len()) + 1);
+        (0..n)
+            .flat_map(|i| {
+                let v = half::bf16::from_bits(self.0[(start + i) % self.0.len()]).to_f32() * scale;
+                half::bf16::from_f32(v).to_le_bytes()
+            })
+            .collect()
+    }
+
+    fn tensor(&self, b: &CudaBackend, shape: &[usize], seed: usize, scale: f32) -> Result<Tensor<CudaBackend>> {
+        b.upload(DType::BF16, shape, &self.bytes(shape.iter().product(), seed, scale))
+    }
+}
+
+struct Rates {
+    /// Device copy bandwidth, bytes read + written per second.
+    copy: f64,
+    /// cuBLASLt bf16 GEMM, FLOP per second.
+    gemm: f64,
+}
+
+fn rates(b: &CudaBackend, pool: &Pool) -> Result<Rates> {
+    let rows = 1 << 18;
+    let x = pool.tensor(b, &[rows, 1024], 1, 1.0)?; // 512 MiB
+    let ms = b.time_ms(runs().0, runs().1, || b.slice_rows(&x, 0, rows).map(drop))?;
+    let copy = 2.0 * (rows * 1024 * 2) as f64 / (ms as f64 * 1e-3);
+    let n = 8192;
+    let (a, w) = (pool.tensor(b, &[n, n], 2, 1.0)?, Linear::new(b, Weight::Dense(pool.tensor(b, &[n, n], 3, 0.01)?)));
+    let ms = b.time_ms(runs().0, runs().1, || b.linear(&a, &w).map(drop))?;
+    let gemm = 2.0 * (n as f64).powi(3) / (ms as f64 * 1e-3);
+    Ok(Rates { copy, gemm })
+}
+
+struct Row {
+    name: String,
+    ms: f32,
+    flops: f64,
+    bytes: f64,
+}
+
+impl Row {
+    fn json(&self, r: &Rates) -> String {
+        let ceil_ms = (self.flops / r.gemm).max(self.bytes / r.copy) * 1e3;
+        format!(
+            "{{\"name\": \"{}\", \"ms\": {:.4}, \"ceiling_ms\": {ceil_ms:.4}, \"flops\": {:.4e}, \"bytes\": {:.4e}, \"copy_tb_s\": {:.3}, \"gemm_tflop_s\": {:.1}}}",
+            self.name,
+            self.ms,
+            self.flops,
+            self.bytes,
+            r.copy / 1e12,
+            r.gemm / 1e12
+        )
+    }
+}
+
+fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path) -> Result<Row> {
+    let (t, h, inter, n_exp, top_k) = (4096, 2048, 512, 256, 8);
+    let x_bytes = pool.bytes(t * h, 10, 1.0);
+    let r_bytes = pool.bytes(n_exp * h, 11, 0.05);
+    std::fs::write(out.join("moe_x.bin"), &x_bytes).map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
+    std::fs::write(out.join("moe_router.bin"), &r_bytes)
+        .map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
+    let x = b.upload(DType::BF16, &[t, h], &x_bytes)?;
+    let router = Router {
+        weight: Linear::new(b, Weight::Dense(b.upload(DType::BF16, &[n_exp, h], &r_bytes)?)),
+        kind: RouterKind::Softmax { top_k, renormalize: true },
+        correction_bias: None,
+    };
+    let scale = 1.0 / (h as f32).sqrt();
+    let experts = (0..n_exp)
+        .map(|e| {
+            Ok(Expert {
+                gate: Weight::Dense(pool.tensor(b, &[inter, h], 100 + 3 * e, scale)?),
+                up: Weight::Dense(pool.tensor(b, &[inter, h], 101 + 3 * e, scale)?),
+                down: Weight::Dense(pool.tensor(b, &[h, inter], 102 + 3 * e, scale)?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let experts = MoeExperts::new(b, "experts", experts, h, inter)?;
+    let ms = b.time_ms(runs().0, runs().1, || b.moe(&x, &router, &experts).map(drop))?;
+    let weight_bytes = (3 * n_exp * h * inter * 2) as f64;
+    Ok(Row {
+        name: format!("moe t={t} h={h} i={inter} e={n_exp} k={top_k}"),
+        ms,
+        flops: 6.0 * (t * top_k * h * inter) as f64,
+        bytes: weight_bytes,
+    })
+}
+
+fn attention(b: &CudaBackend, pool: &Pool, t: usize) -> Result<Row> {
+    let (hq, hkv, d) = (16, 2, 256);
+    let q = pool.tensor(b, &[t, hq, d], 20, 1.0)?;
+    let k = pool.tensor(b, &[t, hkv, d], 21, 1.0)?;
+    let v = pool.tensor(b, &[t, hkv, d], 22, 1.0)?;
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+    let ms = b.time_ms(runs().0, runs().1, || {
+        let mut cache = b.new_kv_cache(hkv, d, None)?;
+        b.attention(&q, &k, &v, &mut cache, &params).map(drop)
+    })?;
+    Ok(Row {
+        name: format!("attention t={t} hq={hq} hkv={hkv} d={d} causal"),
+        ms,
+        flops: 4.0 * (hq * d) as f64 * (t * (t + 1) / 2) as f64,
+        bytes: (2 * t * (2 * hq + 2 * hkv) * d) as f64,
+    })
+}
+
+fn gdn(b: &CudaBackend, pool: &Pool) -> Result<Row> {
+    let (t, kh, vh, dk, dv) = (8192, 16, 32, 128, 128);
+    let q = pool.tensor(b, &[t, kh, dk], 30, 1.0)?;
+    let k = pool.tensor(b, &[t, kh, dk], 31, 1.0)?;
+    let v = pool.tensor(b, &[t, vh, dv], 32, 1.0)?;
+    let a = pool.tensor(b, &[t, vh], 33, 2.0)?;
+    let bb = pool.tensor(b, &[t, vh], 34, 2.0)?;
+    let a_log = pool.tensor(b, &[vh], 35, 1.0)?;
+    let dt_bias = pool.tensor(b, &[vh], 36, 1.0)?;
+    let mut state = b.zeros_f32(&[vh, dk, dv])?;
+    let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &bb, a_log: &a_log, dt_bias: &dt_bias };
+    let ms = b.time_ms(runs().0, runs().1, || b.gated_delta_rule(&inputs, &mut state, GdnMode::Chunked).map(drop))?;
+    // Chunked-form multiply-adds per token and head (chunk C = 64): K K^T and Q K^T (2 C dk),
+    // W and U (C dk + C dv), the state reads W S and Q S (2 dk dv), P V (C dv), the update (dk dv).
+    let c = 64;
+    let macs = (3 * c * dk + 2 * c * dv + 3 * dk * dv) * t * vh;
+    Ok(Row {
+        name: format!("gdn chunked t={t} kh={kh} vh={vh} dk={dk} dv={dv}"),
+        ms,
+        flops: 2.0 * macs as f64,
+        bytes: (2 * t * (2 * kh * dk + 2 * vh * dv) + 2 * vh * dk * dv * 4) as f64,
+    })
+}
+
+fn main() -> Result<()> {
+    let out = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "/tmp/vt-bench".into()));
+    std::fs::create_dir_all(&out).map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
+    let b = CudaBackend::new()?;
+    let pool = Pool::new(1 << 25);
+    let r = rates(&b, &pool)?;
+    eprintln!("copy {:.2} TB/s, bf16 GEMM {:.0} TFLOP/s", r.copy / 1e12, r.gemm / 1e12);
+    let mut lines = Vec::new();
+    // A failing case is reported and the rest still run (unless it broke the context).
+    for row in [moe(&b, &pool, &out), attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)] {
+        match row {
+            Ok(row) => {
+                let line = row.json(&r);
+                eprintln!("{line}");
+                lines.push(line);
+            }
+            Err(e) => eprintln!("case failed: {e}"),
+        }
+    }
+    let mut f =
+        std::fs::File::create(out.join("vt.json")).map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
+    writeln!(f, "{}", lines.join("\n")).map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
+    Ok(())
+}

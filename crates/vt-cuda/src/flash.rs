@@ -1,0 +1,76 @@
+//! Flash-style attention for prefill (kernels/flash_attn.cu): kv.rs launches it in place of the
+//! one-warp-per-query kernel when a call brings several queries and the head dimension is one the
+//! kernel is built for. Same arguments, same contract (cache rows before `start`, this call's keys
+//! from k / v); the probabilities are rounded to bf16 for the P V tensor-core product.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use vt_core::Result;
+
+use crate::backend::launched;
+use crate::kernels::allow_shared;
+use crate::CudaBackend;
+
+/// Queries per block (`FA_BM`); shared memory is Q plus one K and one V tile of 64 rows.
+const QUERIES: usize = 64;
+
+pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
+    t > 1 && matches!(head_dim, 64 | 128 | 256)
+}
+
+/// Device addresses of one attention call: out and q `[t, q_heads, d]`, k and v
+/// `[t, kv_heads, d]`, the cache's keys and values.
+pub(crate) struct Operands {
+    pub out: u64,
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub kc: u64,
+    pub vc: u64,
+}
+
+/// Shapes as kv.rs checked them: `t` queries from position `start`, `window` 0 for none.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    b: &CudaBackend,
+    p: &Operands,
+    t: i32,
+    q_heads: i32,
+    kv_heads: i32,
+    head_dim: usize,
+    start: i32,
+    window: i32,
+    scale: f32,
+) -> Result<()> {
+    let (f, name) = match head_dim {
+        64 => (&b.k().flash_attn_d64, "flash_attn_d64"),
+        128 => (&b.k().flash_attn_d128, "flash_attn_d128"),
+        _ => (&b.k().flash_attn_d256, "flash_attn_d256"),
+    };
+    let shared = 3 * QUERIES * head_dim * 2;
+    allow_shared(f, shared, name)?;
+    let scale_log2 = scale * std::f32::consts::LOG2_E;
+    let mut l = b.stream().launch_builder(f);
+    l.arg(&p.out)
+        .arg(&p.q)
+        .arg(&p.k)
+        .arg(&p.v)
+        .arg(&p.kc)
+        .arg(&p.vc)
+        .arg(&t)
+        .arg(&q_heads)
+        .arg(&kv_heads)
+        .arg(&start)
+        .arg(&window)
+        .arg(&scale_log2);
+    let cfg = LaunchConfig {
+        grid_dim: ((t as usize).div_ceil(QUERIES) as u32, q_heads as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: flash_attn_d{D}(bf16* out, const bf16* q, k, v, const bf16* kc, const bf16* vc,
+    // int t, int q_heads, int kv_heads, int start, int window, float scale_log2) with D =
+    // head_dim: one block per 64 queries and head, 3 * 64 * D bf16 of shared memory (allowed
+    // above); out/q hold t * q_heads * D values, k/v t * kv_heads * D, and the cache every
+    // position before `start` a query can see (kv.rs reserved it); q_heads % kv_heads == 0.
+    launched(unsafe { l.launch(cfg) }, name)
+}

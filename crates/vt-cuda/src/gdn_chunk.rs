@@ -1,0 +1,110 @@
+//! The gated delta rule's chunked form for prefill (kernels/gdn_chunk.cu): a parallel pass over
+//! every (64-token chunk, value head) that solves the chunk's triangular system and precomputes
+//! everything not involving the state, then one sequential pass per (value head, 32 value
+//! columns) that carries the f32 state across the chunks. Key dim 128, value dim 64 or 128 (the
+//! Qwen3.5 shapes); other shapes take the recurrent kernel.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use vt_core::Result;
+
+use crate::backend::{i32_of, launched};
+use crate::kernels::allow_shared;
+use crate::CudaBackend;
+
+/// `GC`, `GDK` and the 32 value columns of a scan block in kernels/gdn_chunk.cu.
+const CHUNK: usize = 64;
+const KEY_DIM: usize = 128;
+const SCAN_COLS: usize = 32;
+/// Dynamic shared memory (floats) of gdn_chunk_prep and gdn_chunk_scan, as their comments give.
+const PREP_SHARED: usize = (3 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
+const SCAN_SHARED: usize = (128 * 132 + 2 * 128 * 68 + 2 * 128 * 40 + 128 * 40 + 64 * 40) * 4;
+
+pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize) -> bool {
+    t > 1 && key_dim == KEY_DIM && matches!(value_dim, 64 | 128)
+}
+
+/// Device addresses of one call, as backend.rs checked them: q, k `[t, key_heads, 128]`, v and
+/// out `[t, value_heads, dv]`, a, b `[t, value_heads]` (bf16); a_log, dt_bias `[value_heads]` of
+/// the given dtype codes; state f32 `[value_heads, 128, dv]`.
+pub(crate) struct Operands {
+    pub out: u64,
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub a: u64,
+    pub b: u64,
+    pub a_log: u64,
+    pub a_log_dt: i32,
+    pub dt_bias: u64,
+    pub dt_bias_dt: i32,
+    pub state: u64,
+}
+
+pub(crate) fn run(
+    b: &CudaBackend,
+    p: &Operands,
+    t: usize,
+    key_heads: usize,
+    value_heads: usize,
+    value_dim: usize,
+) -> Result<()> {
+    let chunks = t.div_ceil(CHUNK);
+    let per = chunks * value_heads;
+    // f32 scratch: [W; Q'] [128, 128], K~^T [128, 64], [U; O0] [128, dv] and exp(c_L) per
+    // (chunk, head); freed in stream order after the scan.
+    let wq = b.buffer(per * 2 * CHUNK * KEY_DIM * 4)?;
+    let kt = b.buffer(per * KEY_DIM * CHUNK * 4)?;
+    let uo = b.buffer(per * 2 * CHUNK * value_dim * 4)?;
+    let decay = b.buffer(per * 4)?;
+    let (pwq, pkt, puo, pdec) = (wq.ptr(), kt.ptr(), uo.ptr(), decay.ptr());
+    let (prep, scan, names) = if value_dim == 64 {
+        (&b.k().gdn_chunk_prep_v64, &b.k().gdn_chunk_scan_v64, ["gdn_chunk_prep_v64", "gdn_chunk_scan_v64"])
+    } else {
+        (&b.k().gdn_chunk_prep_v128, &b.k().gdn_chunk_scan_v128, ["gdn_chunk_prep_v128", "gdn_chunk_scan_v128"])
+    };
+    let (ti, kh, vh) = (i32_of(t, "tokens")?, i32_of(key_heads, "key heads")?, i32_of(value_heads, "value heads")?);
+    let qmul = (KEY_DIM as f64).powf(-0.5) as f32;
+
+    allow_shared(prep, PREP_SHARED, names[0])?;
+    let mut l = b.stream().launch_builder(prep);
+    l.arg(&pwq)
+        .arg(&pkt)
+        .arg(&puo)
+        .arg(&pdec)
+        .arg(&p.q)
+        .arg(&p.k)
+        .arg(&p.v)
+        .arg(&p.a)
+        .arg(&p.b)
+        .arg(&p.a_log)
+        .arg(&p.a_log_dt)
+        .arg(&p.dt_bias)
+        .arg(&p.dt_bias_dt)
+        .arg(&ti)
+        .arg(&kh)
+        .arg(&vh)
+        .arg(&qmul);
+    let cfg = LaunchConfig {
+        grid_dim: (chunks as u32, value_heads as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: PREP_SHARED as u32,
+    };
+    // SAFETY: gdn_chunk_prep_v{dv}(float* wq, float* kt, float* uo, float* decay, const bf16* q,
+    // k, v, a, b, const void* a_log, int, const void* dt_bias, int, int t, int key_heads, int
+    // value_heads, float qmul): one block per (chunk, value head), PREP_SHARED bytes (allowed
+    // above); the scratch holds chunks * value_heads blocks of each output; inputs as `Operands`.
+    launched(unsafe { l.launch(cfg) }, names[0])?;
+
+    allow_shared(scan, SCAN_SHARED, names[1])?;
+    let mut l = b.stream().launch_builder(scan);
+    l.arg(&p.out).arg(&p.state).arg(&pwq).arg(&pkt).arg(&puo).arg(&pdec).arg(&ti).arg(&vh);
+    let cfg = LaunchConfig {
+        grid_dim: (value_heads as u32, (value_dim / SCAN_COLS) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: SCAN_SHARED as u32,
+    };
+    // SAFETY: gdn_chunk_scan_v{dv}(bf16* out, float* state, const float* wq, kt, uo, decay, int
+    // t, int value_heads): one block per (value head, 32 columns), SCAN_SHARED bytes; reads the
+    // scratch written above (stream-ordered), out [t, value_heads, dv], state [value_heads, 128, dv].
+    launched(unsafe { l.launch(cfg) }, names[1])
+}

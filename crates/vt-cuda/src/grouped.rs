@@ -1,0 +1,176 @@
+//! The routed-experts block for many tokens (prefill) as grouped tensor-core GEMMs
+//! (kernels/moe_prefill.cu): router logits through cuBLASLt in f32, routing and expert-sorted
+//! slots on the device, the gate/up and down GEMMs over the expert table that moe.rs keeps in the
+//! `MoeExperts`' resident slot, and the combine. Nothing waits for the host: the number of tiles
+//! is only known on the device, so the grids cover the most tiles any routing can need and the
+//! spare blocks return at once.
+//!
+//! The SwiGLU activations are rounded to bf16 for the down GEMM's tensor cores (vt-cpu keeps
+//! them in f32), one extra rounding of relative size u/2.
+
+use cudarc::cublaslt::sys::cudaDataType_t;
+use cudarc::driver::{result, LaunchConfig, PushKernelArg};
+use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
+
+use crate::alloc::driver_err;
+use crate::backend::{act, err, grid1, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::moe::{build_table, router_args};
+use crate::weight::float_code;
+use crate::CudaBackend;
+
+/// `MP_BM`, `MP_BN`, `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 and `32 * MP_MAX_PER_LANE` of
+/// kernels/moe_prefill.cu.
+const TILE_ROWS: usize = 64;
+const TILE_COLS: usize = 128;
+const GEMM_SHARED: usize = 4 * (64 + 128) * 32 * 2;
+const MAX_EXPERTS: usize = 512;
+const _: () = assert!(GEMM_SHARED <= MAX_SHARED);
+
+/// Tiles of `TILE_ROWS` slots that any routing of `slots` over `n_exp` experts can need:
+/// sum(ceil(count_e / 64)) <= slots / 64 + n_exp. The GEMM grids' second dimension.
+fn tile_bound(slots: usize, n_exp: usize) -> usize {
+    slots / TILE_ROWS + n_exp
+}
+
+fn is_bf16(w: &Weight<CudaBackend>) -> bool {
+    matches!(w, Weight::Dense(t) if t.dtype() == DType::BF16)
+}
+
+/// Whether this layer and batch take the grouped path: several tokens, bf16 router and experts,
+/// and shapes the kernels and cuBLASLt take (16-byte rows, at most 512 experts).
+pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
+    let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
+    x.rows() > 1
+        && tile_bound(x.rows() * router.kind.top_k(), n_exp) <= 65535
+        && x.last_dim() == h
+        && h % 8 == 0
+        && inter % 8 == 0
+        && n_exp % 8 == 0
+        && n_exp <= MAX_EXPERTS
+        && (1..=MAX_TOP_K.min(n_exp)).contains(&router.kind.top_k())
+        && is_bf16(&router.weight.weight)
+        && router.weight.weight.dims() == (n_exp, h)
+        && experts.experts.iter().all(|e| is_bf16(&e.gate) && is_bf16(&e.up) && is_bf16(&e.down))
+}
+
+pub(crate) fn moe(
+    b: &CudaBackend,
+    x: &Tensor<CudaBackend>,
+    router: &Router<CudaBackend>,
+    experts: &MoeExperts<CudaBackend>,
+) -> Result<Tensor<CudaBackend>> {
+    let op = "moe";
+    let (h, inter, n_exp, top_k) = (experts.hidden, experts.intermediate, experts.experts.len(), router.kind.top_k());
+    let (t, px) = (x.rows(), act(x, op)?);
+    let slots = t * top_k;
+    let (kind, renorm, softcap, scaling) = router_args(&router.kind)?;
+    let (bias, bias_dt) = match &router.correction_bias {
+        Some(c) if c.numel() == n_exp => (c.buffer().ptr(), float_code(c, op)?),
+        Some(c) => return Err(err(format!("{op}: correction bias {:?} for {n_exp} experts", c.shape()))),
+        None => (0u64, 0i32),
+    };
+    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
+    let Weight::Dense(rw) = &router.weight.weight else { unreachable!("fits() checked a dense router") };
+
+    let logits = b.buffer(t * n_exp * 4)?;
+    // SAFETY: x holds t * h bf16, the router n_exp * h bf16 (checked by fits), logits t * n_exp
+    // f32; all live until the stream has run the GEMM.
+    unsafe { b.gemm().xwt(b.stream(), px, rw.buffer().ptr(), logits.ptr(), t, n_exp, h, cudaDataType_t::CUDA_R_32F)? };
+
+    let max_tiles = tile_bound(slots, n_exp);
+    let (ids, weights) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
+    let counts = b.buffer(2 * n_exp * 4)?; // counts, then the scatter's fill cursors
+                                           // SAFETY: the block holds 2 * n_exp ints; stream-ordered before the kernels that count.
+    unsafe { result::memset_d8_async(counts.ptr(), 0, counts.len(), b.stream().cu_stream()) }
+        .map_err(|e| driver_err("memset", e))?;
+    let (offsets, tiles, n_tiles) = (b.buffer(n_exp * 4)?, b.buffer(max_tiles * 8)?, b.buffer(4)?);
+    let (sorted_tok, slot_pos) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
+    let act_buf = b.buffer(slots * inter * 2)?;
+    let y = b.buffer(slots * h * 4)?;
+    let out = b.empty(DType::BF16, x.shape())?;
+    let (pids, pw, pcnt, pfill) = (ids.ptr(), weights.ptr(), counts.ptr(), counts.ptr() + (n_exp * 4) as u64);
+    let (plog, poff, ptiles, pnt, psort, ppos, pact, py, pout) = (
+        logits.ptr(),
+        offsets.ptr(),
+        tiles.ptr(),
+        n_tiles.ptr(),
+        sorted_tok.ptr(),
+        slot_pos.ptr(),
+        act_buf.ptr(),
+        y.ptr(),
+        out.buffer().ptr(),
+    );
+    let (ti, ne, tk, ii, hi, si) = (
+        i32_of(t, "tokens")?,
+        n_exp as i32,
+        top_k as i32,
+        i32_of(inter, "intermediate")?,
+        i32_of(h, "hidden")?,
+        i32_of(slots, "slots")?,
+    );
+
+    let mut l = b.stream().launch_builder(&b.k().moe_prefill_route);
+    l.arg(&pids)
+        .arg(&pw)
+        .arg(&pcnt)
+        .arg(&plog)
+        .arg(&ti)
+        .arg(&ne)
+        .arg(&tk)
+        .arg(&kind)
+        .arg(&renorm)
+        .arg(&softcap)
+        .arg(&bias)
+        .arg(&bias_dt)
+        .arg(&scaling);
+    let cfg = LaunchConfig { grid_dim: (t.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t,
+    // int n_exp, int top_k, int kind, int renorm, float softcap, const void* bias, int bias_dt,
+    // float scaling): one warp per token; logits [t, n_exp] with n_exp <= 512, ids/weights
+    // t * top_k with top_k <= 32, counts n_exp zeroed ints, bias null or n_exp values.
+    launched(unsafe { l.launch(cfg) }, "moe_prefill_route")?;
+
+    let mut l = b.stream().launch_builder(&b.k().moe_prefill_plan);
+    l.arg(&poff).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&ne);
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int
+    // n_exp): offsets n_exp ints; tiles holds 2 * max_tiles ints, and the tiles of any routing
+    // number sum(ceil(count_e / 64)) <= slots / 64 + n_exp = max_tiles.
+    launched(unsafe { l.launch(cfg) }, "moe_prefill_plan")?;
+
+    let mut l = b.stream().launch_builder(&b.k().moe_prefill_scatter);
+    l.arg(&psort).arg(&ppos).arg(&pfill).arg(&pids).arg(&poff).arg(&si).arg(&tk);
+    // SAFETY: moe_prefill_scatter(int* sorted_tok, int* slot_pos, int* fill, const int* ids,
+    // const int* offsets, int slots, int top_k): one thread per slot; every id < n_exp, and the
+    // rows of expert e (offsets[e] + fill) stay below offsets[e] + counts[e] <= slots.
+    launched(unsafe { l.launch(grid1(slots)) }, "moe_prefill_scatter")?;
+
+    let gemm_cfg = |n_out: usize| LaunchConfig {
+        grid_dim: (n_out.div_ceil(TILE_COLS) as u32, max_tiles as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: GEMM_SHARED as u32,
+    };
+    let mut l = b.stream().launch_builder(&b.k().moe_gemm_gate_up);
+    l.arg(&pact).arg(&px).arg(&psort).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
+    // SAFETY: moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc*
+    // table, const int* tiles, const int* n_tiles, const int* counts, const int* offsets, int
+    // inter, int hidden): each expert's fused gate/up is a bf16 [2 * inter, h] (fits), h and inter
+    // are multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots
+    // rows of act [slots, inter]; sorted_tok < t rows of x.
+    launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe_gemm_gate_up")?;
+    let mut l = b.stream().launch_builder(&b.k().moe_gemm_down);
+    l.arg(&py).arg(&pact).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
+    // SAFETY: moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, the same four
+    // tile arrays, int inter, int hidden): each expert's down is a bf16 [h, inter]; y is
+    // [slots, h] f32, rows as above.
+    launched(unsafe { l.launch(gemm_cfg(h)) }, "moe_gemm_down")?;
+
+    let mut l = b.stream().launch_builder(&b.k().moe_prefill_combine);
+    l.arg(&pout).arg(&py).arg(&ppos).arg(&pids).arg(&pw).arg(&tk).arg(&hi);
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int*
+    // ids, const float* weights, int top_k, int hidden): one block per token, hidden % 4 == 0;
+    // every slot_pos < slots rows of y.
+    launched(unsafe { l.launch(cfg) }, "moe_prefill_combine")?;
+    Ok(out)
+}

@@ -1,0 +1,277 @@
+// The routed-experts block for many tokens (prefill), all on the device with no host sync:
+//   1. moe_prefill_route: top-k from f32 router logits (one warp per token), counts per expert;
+//   2. moe_prefill_plan: per-expert offsets and the list of 64-row tiles (expert, first row);
+//   3. moe_prefill_scatter: every (token, choice) slot gets a row in expert-sorted order;
+//   4. moe_gemm_gate_up / moe_gemm_down: grouped bf16 tensor-core GEMMs over the layer's expert
+//      table (moe.rs: fused gate/up rows 2u, 2u+1, then down), SwiGLU fused into the first;
+//   5. moe_prefill_combine: weighted sum per token in ascending expert order, as vt-cpu does.
+// Rows of one expert land in arbitrary order within its range (atomics), but each row's result
+// depends only on its own inputs, so the output is deterministic.
+
+#define MP_MAX_PER_LANE 16  // experts per lane in routing: n_exp <= 512
+#define MP_BM 64            // slots per GEMM tile
+#define MP_BN 128           // weight rows per GEMM tile
+#define MP_BK 32            // inputs per pipeline stage
+#define MP_STAGES 4         // 4 * (64 + 128) * 32 bf16 = 48 KiB of dynamic shared memory
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// One warp per token; same choices and weights as moe_route (moe.cu): kind 0 = softmax, 1 =
+// sigmoid (softcap > 0 applies c * tanh(l / c); bias for selection only; times routed_scaling).
+// Ties go to the lower expert index. Block: 256 threads (8 tokens).
+extern "C" __global__ void moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t, int n_exp, int top_k,
+                                             int kind, int renorm, float softcap, const void* bias, int bias_dt, float routed_scaling) {
+    int tok = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (tok >= t) return;
+    const float* row = logits + (long long)tok * n_exp;
+    const float neg_inf = __int_as_float(0xff800000);
+    float score[MP_MAX_PER_LANE], choice[MP_MAX_PER_LANE];
+    bool taken[MP_MAX_PER_LANE];
+    float mx = neg_inf;
+#pragma unroll
+    for (int i = 0; i < MP_MAX_PER_LANE; i++) {
+        int e = lane + 32 * i;
+        score[i] = e < n_exp ? row[e] : neg_inf;
+        taken[i] = e >= n_exp;
+        mx = fmaxf(mx, score[i]);
+    }
+    if (kind == 0) {
+        mx = warp_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MP_MAX_PER_LANE; i++) {
+            choice[i] = lane + 32 * i < n_exp ? expf(score[i] - mx) : 0.0f;
+            sum += choice[i];
+        }
+        sum = warp_sum(sum);
+#pragma unroll
+        for (int i = 0; i < MP_MAX_PER_LANE; i++) score[i] = choice[i] = choice[i] / sum;
+    } else {
+#pragma unroll
+        for (int i = 0; i < MP_MAX_PER_LANE; i++) {
+            int e = lane + 32 * i;
+            if (e >= n_exp) continue;
+            float l = softcap > 0.0f ? softcap * tanhf(score[i] / softcap) : score[i];
+            score[i] = sigmoidf(l);
+            choice[i] = score[i] + (bias ? ld(bias, bias_dt, e) : 0.0f);
+        }
+    }
+    int my_id = 0;
+    float my_score = 0.0f, norm = 0.0f;
+    for (int s = 0; s < top_k; s++) {
+        // This lane's best untaken expert, then the warp's: larger value, else lower index.
+        float bv = neg_inf;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < MP_MAX_PER_LANE; i++)
+            if (!taken[i] && (bi == 0x7fffffff || choice[i] > bv)) { bv = choice[i]; bi = lane + 32 * i; }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        }
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MP_MAX_PER_LANE; i++)
+            if (lane + 32 * i == bi) { taken[i] = true; sc = score[i]; }
+        sc = __shfl_sync(0xffffffffu, sc, bi & 31);
+        norm += sc;
+        if (lane == s) { my_id = bi; my_score = sc; }
+    }
+    if (!renorm) norm = 1.0f;
+    float mul = kind == 0 ? 1.0f : routed_scaling;
+    if (lane < top_k) {
+        ids[(long long)tok * top_k + lane] = my_id;
+        weights[(long long)tok * top_k + lane] = my_score / norm * mul;
+        atomicAdd(&counts[my_id], 1);
+    }
+}
+
+// One block (any size). offsets[e] = first sorted row of expert e; tiles[2i], tiles[2i + 1] =
+// expert and first row of tile i (MP_BM rows each, the last of an expert partial); *n_tiles.
+extern "C" __global__ void moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int n_exp) {
+    __shared__ int first[32 * MP_MAX_PER_LANE];
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < n_exp; e++) {
+            offsets[e] = off;
+            first[e] = nt;
+            off += counts[e];
+            nt += (counts[e] + MP_BM - 1) / MP_BM;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
+        for (int j = 0; j * MP_BM < counts[e]; j++) {
+            tiles[2 * (first[e] + j)] = e;
+            tiles[2 * (first[e] + j) + 1] = offsets[e] + j * MP_BM;
+        }
+}
+
+// Slot s (token s / top_k) gets sorted row pos in its expert's range; fill[] starts at zero.
+extern "C" __global__ void moe_prefill_scatter(int* sorted_tok, int* slot_pos, int* fill, const int* ids, const int* offsets, int slots, int top_k) {
+    int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= slots) return;
+    int e = ids[s];
+    int pos = offsets[e] + atomicAdd(&fill[e], 1);
+    sorted_tok[pos] = s / top_k;
+    slot_pos[s] = pos;
+}
+
+// Shared-memory offset (in bf16) of 16-byte chunk `ch` of row `r` in a [rows][MP_BK] tile; the
+// XOR spreads the 8 rows one ldmatrix reads over all banks.
+__device__ __forceinline__ int mp_swz(int r, int ch) { return r * MP_BK + ((ch ^ ((r >> 1) & 3)) << 3); }
+
+// C = A W^T over one tile of MP_BM sorted rows (all of one expert) and MP_BN weight rows.
+// A row r is `a + a_row(r) * k` (gathered token rows for gate/up, sorted activations for down);
+// W is the expert's [n, k] bf16 matrix. 128 threads: 2 x 2 warps of 32 x 64. k % 8 == 0.
+// Hands the accumulators (warp tile [mi][nj][4]) and the tile's geometry to `epilogue`.
+template <bool GATHER, typename Epi>
+__device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, const WeightDesc* table, int part, const int* tiles,
+                                             const int* n_tiles, const int* counts, const int* offsets, int n, int k, Epi epilogue) {
+    extern __shared__ __align__(16) bf16 mp_sh[];
+    int tile = blockIdx.y;
+    if (tile >= *n_tiles) return;
+    int e = tiles[2 * tile], row0 = tiles[2 * tile + 1];
+    int rows = min(MP_BM, offsets[e] + counts[e] - row0);
+    const bf16* w = (const bf16*)table[2 * e + part].data;
+    int n0 = blockIdx.x * MP_BN;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
+    bf16* sa = mp_sh;
+    bf16* sb = mp_sh + MP_STAGES * MP_BM * MP_BK;
+
+    // This thread's copies: 2 A chunks and 4 B chunks of 16 bytes per stage.
+    const bf16* a_src[2];
+    bool a_ok[2];
+    for (int i = 0; i < 2; i++) {
+        int r = (tid + 128 * i) >> 2;
+        a_ok[i] = r < rows;
+        long long src_row = a_ok[i] ? (GATHER ? a_rows[row0 + r] : row0 + r) : 0;
+        a_src[i] = a + src_row * k;
+    }
+    auto load = [&](int stage, int kt) {
+        int k0 = kt * MP_BK;
+        for (int i = 0; i < 2; i++) {
+            int c = tid + 128 * i, r = c >> 2, ch = c & 3, col = k0 + ch * 8;
+            cp_async16(smem_addr(sa + stage * MP_BM * MP_BK + mp_swz(r, ch)), a_src[i] + col, a_ok[i] && col < k);
+        }
+        for (int i = 0; i < 4; i++) {
+            int c = tid + 128 * i, r = c >> 2, ch = c & 3, col = k0 + ch * 8;
+            bool ok = n0 + r < n && col < k;
+            cp_async16(smem_addr(sb + stage * MP_BN * MP_BK + mp_swz(r, ch)), w + (ok ? (long long)(n0 + r) * k + col : 0), ok);
+        }
+    };
+
+    float acc[2][8][4];
+    for (int mi = 0; mi < 2; mi++)
+        for (int nj = 0; nj < 8; nj++)
+            for (int x = 0; x < 4; x++) acc[mi][nj][x] = 0.0f;
+
+    int kt_n = (k + MP_BK - 1) / MP_BK;
+    for (int s = 0; s < MP_STAGES - 1; s++) {
+        if (s < kt_n) load(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < kt_n; kt++) {
+        cp_async_wait<MP_STAGES - 2>();
+        __syncthreads();  // stage kt is in; every warp is done with the stage refilled next
+        if (kt + MP_STAGES - 1 < kt_n) load((kt + MP_STAGES - 1) % MP_STAGES, kt + MP_STAGES - 1);
+        cp_async_commit();
+        const bf16* ta = sa + (kt % MP_STAGES) * MP_BM * MP_BK;
+        const bf16* tb = sb + (kt % MP_STAGES) * MP_BN * MP_BK;
+#pragma unroll
+        for (int ks = 0; ks < MP_BK / 16; ks++) {
+            unsigned af[2][4], bfr[8][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                int r = wm * 32 + mi * 16 + (lane & 15);
+                ldsm_x4(af[mi], smem_addr(ta + mp_swz(r, ks * 2 + (lane >> 4))));
+            }
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++) {
+                int r = wn * 64 + nb * 16 + (lane & 7) + ((lane >> 4) << 3);
+                unsigned q[4];
+                ldsm_x4(q, smem_addr(tb + mp_swz(r, ks * 2 + ((lane >> 3) & 1))));
+                bfr[2 * nb][0] = q[0];
+                bfr[2 * nb][1] = q[1];
+                bfr[2 * nb + 1][0] = q[2];
+                bfr[2 * nb + 1][1] = q[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 8; nj++) mma_bf16(acc[mi][nj], af[mi], bfr[nj][0], bfr[nj][1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int r = wm * 32 + mi * 16 + g + 8 * half, col = n0 + wn * 64 + nj * 8 + c2;
+                if (r < rows && col < n) epilogue(row0 + r, col, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+            }
+}
+
+// act[pos, u] = silu(gate_u . x) * (up_u . x) in bf16 for every sorted slot: weight rows 2u, 2u+1
+// of the fused matrix [2 * inter, hidden] are adjacent columns of one thread's accumulators.
+// Grid: (ceil(2 * inter / MP_BN), max tiles), 128 threads, 48 KiB dynamic shared memory: the
+// column tiles of one row tile run side by side, so its rows and its expert's weights are read
+// from L2 while they are hot.
+extern "C" __global__ void moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc* table, const int* tiles,
+                                            const int* n_tiles, const int* counts, const int* offsets, int inter, int hidden) {
+    grouped_gemm<true>(x, sorted_tok, table, 0, tiles, n_tiles, counts, offsets, 2 * inter, hidden,
+                       [&](int pos, int col, float gate, float up) { act[(long long)pos * inter + col / 2] = f2bf(silu(gate) * up); });
+}
+
+// y[pos, :] = down(act[pos]) in f32. Grid: (ceil(hidden / MP_BN), max tiles), as above.
+extern "C" __global__ void moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
+                                         const int* counts, const int* offsets, int inter, int hidden) {
+    grouped_gemm<false>(act, nullptr, table, 1, tiles, n_tiles, counts, offsets, hidden, inter, [&](int pos, int col, float v0, float v1) {
+        *(float2*)(y + (long long)pos * hidden + col) = make_float2(v0, v1);
+    });
+}
+
+// out[tok] = sum over its choices, in ascending expert order, of weight * y[slot_pos]. One block
+// per token, 4 features per thread (hidden % 4 == 0).
+extern "C" __global__ void moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int* ids, const float* weights, int top_k, int hidden) {
+    __shared__ int order[32];
+    long long tok = blockIdx.x;
+    const int* id = ids + tok * top_k;
+    if (threadIdx.x == 0) {
+        int prev = -1;
+        for (int n = 0; n < top_k; n++) {
+            int s = -1;
+            for (int i = 0; i < top_k; i++)
+                if (id[i] > prev && (s < 0 || id[i] < id[s])) s = i;
+            prev = id[s];
+            order[n] = s;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int n = 0; n < top_k; n++) {
+            int s = order[n];
+            float wt = weights[tok * top_k + s];
+            float4 v = *(const float4*)(y + (long long)slot_pos[tok * top_k + s] * hidden + c);
+            acc.x += wt * v.x;
+            acc.y += wt * v.y;
+            acc.z += wt * v.z;
+            acc.w += wt * v.w;
+        }
+        bf16* o = out + tok * hidden + c;
+        o[0] = f2bf(acc.x);
+        o[1] = f2bf(acc.y);
+        o[2] = f2bf(acc.z);
+        o[3] = f2bf(acc.w);
+    }
+}
