@@ -164,3 +164,27 @@ __device__ __forceinline__ unsigned tf32(float x) {
 
 // Two floats as a bf16 pair, `lo` in the low half (the lower column of a fragment).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) { return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16); }
+
+// ---- 16-byte loads of bf16 rows (decode kernels: gemv.cu, attn_decode.cu) ----
+
+// 16 bytes of weights, streamed (not kept in L1: each is read once per step).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void bf16x2(unsigned u, float& lo, float& hi) {
+    lo = __uint_as_float(u << 16);
+    hi = __uint_as_float(u & 0xffff0000u);
+}
+
+// x[0..8) as f32, from bf16 activations or f32 intermediates.
+__device__ __forceinline__ void load_x8(const bf16* x, float* f) {
+    uint4 v = *(const uint4*)x;
+    bf16x2(v.x, f[0], f[1]); bf16x2(v.y, f[2], f[3]); bf16x2(v.z, f[4], f[5]); bf16x2(v.w, f[6], f[7]);
+}
+__device__ __forceinline__ void load_x8(const float* x, float* f) {
+    float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}

@@ -25,6 +25,8 @@ cargo build --release -p vt-cli --features cuda
 cp target/release/vt "$out/vt"
 cargo build --release -p vt-cuda --features cuda --example prefill_bench  # tools/gpu/bench_prefill.sh
 cp target/release/examples/prefill_bench "$out/prefill_bench"
+cargo build --release -p vt-cuda --features cuda --example decode_bench  # tools/gpu/bench_decode.sh
+cp target/release/examples/decode_bench "$out/decode_bench"
 strip "$out"/*
 ls -la "$out"
 du -sh "$(dirname "$out")"

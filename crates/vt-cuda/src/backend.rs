@@ -10,8 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use half::bf16;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind,
-    Result, Rope, Router, Tensor, Weight,
+    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MemoryStats, MoeExperts,
+    NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
 use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
@@ -312,6 +312,9 @@ impl Backend for CudaBackend {
         let (px, t) = (act(x, "linear")?, x.rows());
         let out = self.empty(DType::BF16, &with_last(x.shape(), n))?;
         let py = out.buffer().ptr();
+        if crate::gemv::gemv(self, px, t, &w.weight, py)? {
+            return Ok(out);
+        }
         if let Weight::Dense(wt) = &w.weight {
             // cuBLASLt's bf16 kernels want 16-byte aligned rows; odd shapes (router-sized outputs,
             // per-head gates) take the simple kernel.
@@ -342,6 +345,36 @@ impl Backend for CudaBackend {
 
     fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
         self.binary(a, b, "add")
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &Tensor<Self>,
+        y: &Tensor<Self>,
+        w: &Tensor<Self>,
+        eps: f32,
+        kind: NormKind,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        let d = x.last_dim();
+        check(x.shape() == y.shape() && w.numel() == d, "add_rms_norm", || {
+            format!("inputs {:?} and {:?}, weight {:?}", x.shape(), y.shape(), w.shape())
+        })?;
+        let (px, py, pw, wdt) =
+            (act(x, "add_rms_norm")?, act(y, "add_rms_norm")?, w.buffer().ptr(), float_code(w, "add_rms_norm")?);
+        let offset: f32 = match kind {
+            NormKind::Plain => 0.0,
+            NormKind::UnitOffset => 1.0,
+        };
+        let (sum, out) = (self.empty(DType::BF16, x.shape())?, self.empty(DType::BF16, x.shape())?);
+        let (ps, po, di) = (sum.buffer().ptr(), out.buffer().ptr(), i32_of(d, "norm width")?);
+        let mut l = self.stream().launch_builder(&self.k().add_rms_norm);
+        l.arg(&ps).arg(&po).arg(&px).arg(&py).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
+        let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w,
+        // int wdt, int d, float eps, float offset): one block per row of d values; x, y, sum, out
+        // hold rows * d values (one shape, checked), w holds d values of dtype wdt.
+        launched(unsafe { l.launch(cfg) }, "add_rms_norm")?;
+        Ok((sum, out))
     }
 
     fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
@@ -591,5 +624,35 @@ impl Backend for CudaBackend {
             return crate::grouped::moe(self, x, router, experts);
         }
         crate::moe::moe(self, x, router, experts)
+    }
+
+    /// A few tokens (decode) take the fused kernels of moe_decode.rs, the rest the composed ops.
+    fn moe_block(
+        &self,
+        x: &Tensor<Self>,
+        router: &Router<Self>,
+        experts: &MoeExperts<Self>,
+        shared: Option<&SharedExpert<'_, Self>>,
+    ) -> Result<Tensor<Self>> {
+        match crate::moe_decode::moe_block(self, x, router, experts, shared)? {
+            Some(out) => Ok(out),
+            None => vt_core::backend::moe_block_composed(self, x, router, experts, shared),
+        }
+    }
+
+    fn gated_delta_step(
+        &self,
+        step: &GdnStep<'_, Self>,
+        conv_state: &mut Tensor<Self>,
+        state: &mut Tensor<Self>,
+    ) -> Result<Tensor<Self>> {
+        match crate::gdn_decode::step(self, step, conv_state, state)? {
+            Some(out) => Ok(out),
+            None => vt_core::backend::gated_delta_step_composed(self, step, conv_state, state),
+        }
+    }
+
+    fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {
+        crate::fill::random(self, dtype, shape, seed, scale)
     }
 }

@@ -130,6 +130,9 @@ pub(crate) fn attention(
     if crate::flash::fits(t, head_dim) {
         let ops = crate::flash::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
         crate::flash::launch(b, &ops, ti, hq, hkv, head_dim, s, window, p.scale)?;
+    } else if crate::attn_decode::fits(t, head_dim) {
+        let ops = crate::attn_decode::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
+        crate::attn_decode::launch(b, &ops, q_heads, cache.kv_heads, head_dim, start, p.window.unwrap_or(0), p.scale)?;
     } else {
         let mut l = b.stream().launch_builder(&b.k().attention);
         l.arg(&po)

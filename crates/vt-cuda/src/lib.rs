@@ -10,13 +10,21 @@
 #[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
+mod attn_decode;
+#[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
+mod fill;
+#[cfg(feature = "cuda")]
 mod flash;
 #[cfg(feature = "cuda")]
 mod gdn_chunk;
+#[cfg(feature = "cuda")]
+mod gdn_decode;
+#[cfg(feature = "cuda")]
+mod gemv;
 #[cfg(feature = "cuda")]
 mod grouped;
 #[cfg(feature = "cuda")]
@@ -26,6 +34,8 @@ mod kv;
 #[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
+mod moe_decode;
+#[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]
 mod weight;
@@ -34,6 +44,8 @@ mod weight;
 pub use alloc::{AllocMode, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use timing::DeviceTime;
 #[cfg(feature = "cuda")]
 pub use kv::CudaKvCache;
 #[cfg(feature = "cuda")]

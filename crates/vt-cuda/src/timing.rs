@@ -1,10 +1,14 @@
 //! Device-side timing for benchmarks: CUDA events on a backend's own stream, so a figure is the
 //! GPU time of the work an op queues, not the host's.
 
+use std::time::Instant;
+
 use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::PushKernelArg;
 use vt_core::Result;
 
 use crate::alloc::driver_err;
+use crate::backend::{grid1, launched};
 use crate::CudaBackend;
 
 impl CudaBackend {
@@ -29,5 +33,49 @@ impl CudaBackend {
         }
         times.sort_by(f32::total_cmp);
         Ok(times[times.len() / 2])
+    }
+}
+
+/// Time per call of a queued piece of work.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceTime {
+    /// Device time per call (µs), between CUDA events around the calls.
+    pub device_us: f64,
+    /// Host time per call to queue the work (µs).
+    pub host_us: f64,
+}
+
+impl CudaBackend {
+    /// Runs `f(0..iters)` queued behind a `spin_ms` busy-wait on the stream, so the device executes
+    /// the calls back to back while the host is still queueing them: `device_us` is then what the
+    /// kernels take, not the launch overhead (`host_us` says whether the spin was long enough).
+    pub fn time_queued(
+        &self,
+        iters: usize,
+        spin_ms: f64,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<DeviceTime> {
+        let ev = |what: &str| {
+            self.stream()
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| driver_err(&format!("event for {what}"), e))
+        };
+        let (start, end) = (ev("start")?, ev("end")?);
+        let ns = (spin_ms * 1e6) as i64;
+        let mut l = self.stream().launch_builder(&self.k().spin);
+        l.arg(&ns);
+        // SAFETY: spin(long long ns): one thread reading the global timer, no memory access.
+        launched(unsafe { l.launch(grid1(1)) }, "spin")?;
+        start.record(self.stream()).map_err(|e| driver_err("recording an event", e))?;
+        let t0 = Instant::now();
+        for i in 0..iters {
+            f(i)?;
+        }
+        let host = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        end.record(self.stream()).map_err(|e| driver_err("recording an event", e))?;
+        end.synchronize().map_err(|e| driver_err("waiting for an event", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| driver_err("event time", e))?;
+        Ok(DeviceTime { device_us: ms as f64 * 1e3 / iters as f64, host_us: host })
     }
 }

@@ -10,8 +10,8 @@
 #![cfg(feature = "cuda")]
 
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, NormKind, Nvfp4, Rope,
-    Router, RouterKind, Tensor, Weight,
+    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MoeExperts, NormKind, Nvfp4,
+    Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
@@ -398,6 +398,174 @@ fn gated_delta_rule_chunked_prefill() {
                 s += n;
             }
             all.extend(out(b, &state));
+            all
+        });
+    }
+}
+
+// ---- Decode kernels (GEMV, fused MoE block, fused GDN step, split-KV attention, random fill) ----
+
+#[test]
+fn linear_decode_gemv_few_tokens() {
+    let mut r = Rng(0x6e3f);
+    // Rows not a multiple of the 8 rows of a block, inputs of several 4-chunk batches and a tail.
+    for (n, k) in [(37, 1024), (300, 96), (8, 4096)] {
+        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
+            for t in [1, 3, 8] {
+                let x = r.vec(t * k, 2.0);
+                on_both!(&format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
+                    let lin = Linear::new(b, hw.upload(b));
+                    out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn moe_block_decode_every_router_format_and_shared_expert() {
+    let mut r = Rng(0xdec0);
+    // 40 experts: more than one per lane in the routing warp. 64 hidden, 32 intermediate: whole
+    // NVFP4 chunks for every matrix.
+    let (h, inter, n_exp) = (64, 32, 40);
+    let kinds = [
+        RouterKind::Softmax { top_k: 8, renormalize: true },
+        RouterKind::Softmax { top_k: 3, renormalize: false },
+        RouterKind::Sigmoid { top_k: 4, softcap: Some(3.0), renormalize: true, routed_scaling: 2.5 },
+    ];
+    let router_w = HostWeight::bf16(&mut r, n_exp, h);
+    let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
+    for format in ["bf16", "nvfp4"] {
+        let weight = |r: &mut Rng, n, k| match format {
+            "bf16" => HostWeight::bf16(r, n, k),
+            _ => HostWeight::nvfp4(r, n, k),
+        };
+        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
+            .map(|_| [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)])
+            .collect();
+        let shared = [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)];
+        for kind in &kinds {
+            for (shared_kind, t) in [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)] {
+                let x = r.vec(t * h, 2.0);
+                on_both!(&format!("moe_block decode {format} {kind:?} shared {shared_kind} t={t}"), U, |b| {
+                    let ex = experts
+                        .iter()
+                        .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
+                        .collect();
+                    let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                    let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+                    let router = Router {
+                        weight: Linear::new(b, router_w.upload(b)),
+                        kind: kind.clone(),
+                        correction_bias: sigmoid.then(|| small(b, &bias)),
+                    };
+                    let [sg, su, sd] = shared.each_ref().map(|w| Linear::new(b, w.upload(b)));
+                    let sgate = Linear::new(b, gate_w.upload(b));
+                    let se = SharedExpert { gate: &sg, up: &su, down: &sd, gate_proj: Some(&sgate) };
+                    let se = match shared_kind {
+                        "none" => None,
+                        "plain" => Some(SharedExpert { gate_proj: None, ..se }),
+                        _ => Some(se),
+                    };
+                    let xt = act(b, &[t, h], &x);
+                    let first = out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap());
+                    assert_eq!(first, out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap()));
+                    first
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn gated_delta_step_decode() {
+    let mut r = Rng(0x9d57);
+    let (dk, taps, steps) = (128, 4, 6);
+    for (kh, vh) in [(2, 4), (1, 3)] {
+        let channels = (2 * kh + vh) * dk;
+        let qkv = r.vec(steps * channels, 2.0);
+        let (a, bb) = (r.vec(steps * vh, 2.0), r.vec(steps * vh, 2.0));
+        let (a_log, dt_bias, conv) = (r.vec(vh, 1.0), r.vec(vh, 1.0), r.vec(channels * taps, 0.7));
+        on_both!(&format!("gated_delta_step [{kh}, {vh}, {dk}, {dk}]"), U, |b| {
+            let mut state = b.zeros_f32(&[vh, dk, dk]).unwrap();
+            let mut conv_state = b.zeros(&[channels, taps - 1]).unwrap();
+            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+            let cw = b.upload(DType::BF16, &[channels, taps], &bf16_bytes(&conv)).unwrap();
+            let mut all = Vec::new();
+            for s in 0..steps {
+                let x = act(b, &[1, channels], &qkv[s * channels..(s + 1) * channels]);
+                let (at, btt) =
+                    (act(b, &[1, vh], &a[s * vh..(s + 1) * vh]), act(b, &[1, vh], &bb[s * vh..(s + 1) * vh]));
+                let step = GdnStep {
+                    qkv: &x,
+                    conv: &cw,
+                    a: &at,
+                    b: &btt,
+                    a_log: &al,
+                    dt_bias: &dt,
+                    key_heads: kh,
+                    key_dim: dk,
+                    value_heads: vh,
+                    value_dim: dk,
+                };
+                all.extend(out(b, &b.gated_delta_step(&step, &mut conv_state, &mut state).unwrap()));
+            }
+            all.extend(out(b, &state));
+            all.extend(out(b, &conv_state));
+            all
+        });
+    }
+}
+
+#[test]
+fn attention_decode_long_cache() {
+    let mut r = Rng(0xa7de);
+    // A prefill of several splits, then decode steps; windowed: the window spans splits.
+    let steps = [300usize, 1, 1, 1];
+    let total: usize = steps.iter().sum();
+    for (hq, hkv, d) in [(16, 2, 256), (4, 4, 64)] {
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        for window in [None, Some(130)] {
+            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+            on_both!(&format!("attention decode [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
+                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+                let (mut s, mut all) = (0, Vec::new());
+                for &n in &steps {
+                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+                    let o = out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap());
+                    // The decode steps are what this test is about.
+                    if n == 1 {
+                        all.extend(o);
+                    }
+                    s += n;
+                }
+                all
+            });
+        }
+    }
+}
+
+#[test]
+fn random_fill_matches_the_host_definition() {
+    for (dtype, scale) in [(DType::F32, 0.5), (DType::BF16, 3.0), (DType::F8E4M3, 1.0)] {
+        on_both!(&format!("random {dtype}"), 0.0, |b| { out(b, &b.random(dtype, &[37, 129], 42, scale).unwrap()) });
+    }
+}
+
+#[test]
+fn add_rms_norm_fused() {
+    let mut r = Rng(0xadd0);
+    let (t, d) = (5, 2048);
+    let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
+    for kind in [NormKind::Plain, NormKind::UnitOffset] {
+        // 2u: the norm reads the sum rounded to bf16 (as add then rms_norm would).
+        on_both!(&format!("add_rms_norm {kind:?}"), 2.0 * U, |b| {
+            let (sum, normed) =
+                b.add_rms_norm(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &small(b, &w), 1e-6, kind).unwrap();
+            let mut all = out(b, &sum);
+            all.extend(out(b, &normed));
             all
         });
     }

@@ -1,0 +1,284 @@
+//! Decode kernels on the device at Qwen3.5-35B-A3B shapes, each beside its ceiling (bytes it must
+//! read ÷ the device-to-device copy bandwidth measured in the same process) and beside a peer
+//! measured in the same device call (tools/gpu/decode_peers.py writes `name µs` lines; pass that
+//! file as the first argument). Device time comes from CUDA events around calls queued behind a
+//! spin (`CudaBackend::time_queued`); inputs rotate over copies larger than the 60 MB L2.
+//!
+//! cargo build --release -p vt-cuda --features cuda --example decode_bench
+//! decode_bench [peers.txt]
+
+use std::collections::HashMap;
+
+use vt_core::backend::{gated_delta_step_composed, moe_block_composed};
+use vt_core::{
+    AttentionParams, Backend, DType, Expert, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
+    SharedExpert, Tensor, Weight,
+};
+use vt_cuda::CudaBackend;
+
+type B = CudaBackend;
+
+/// Qwen3.5-35B-A3B.
+const H: usize = 2048;
+const EXPERTS: usize = 256;
+const TOP_K: usize = 8;
+const INTER: usize = 512;
+const KEY_HEADS: usize = 16;
+const VALUE_HEADS: usize = 32;
+const HEAD: usize = 128;
+
+struct Report {
+    bandwidth: f64,
+    peers: HashMap<String, f64>,
+}
+
+impl Report {
+    /// One table row: time, ceiling, ratio, peer.
+    fn row(&self, name: &str, us: f64, bytes: f64, peer: &str) {
+        let ceiling = bytes / self.bandwidth * 1e6;
+        let peer = match self.peers.get(peer) {
+            Some(p) => format!("{peer} {p:>9.2} µs  peer/vt {:>6.2}x", p / us),
+            None => String::from("-"),
+        };
+        println!(
+            "{name:<44} {us:>9.2} µs  {:>8.1} MB  ceiling {ceiling:>8.2} µs  vt/ceiling {:>5.2}x  {peer}",
+            bytes / 1e6,
+            us / ceiling
+        );
+    }
+}
+
+fn weight(b: &B, fp4: bool, n: usize, k: usize, seed: u64) -> Result<Weight<B>> {
+    Ok(if fp4 {
+        Weight::Nvfp4(Nvfp4 {
+            codes: b.random(DType::F4x2, &[n, k], seed, 1.0)?,
+            scales: b.random(DType::F8E4M3, &[n, k / 16], seed ^ 1, 1.0)?,
+            global_scale: 0.5 / (k as f32).sqrt(),
+        })
+    } else {
+        Weight::Dense(b.random(DType::BF16, &[n, k], seed, (3.0 / k as f32).sqrt())?)
+    })
+}
+
+fn bytes_per_weight(fp4: bool) -> f64 {
+    if fp4 {
+        0.5 + 1.0 / 16.0
+    } else {
+        2.0
+    }
+}
+
+struct MoeLayer {
+    router: Router<B>,
+    experts: MoeExperts<B>,
+    shared: [Linear<B>; 3],
+    gate: Linear<B>,
+}
+
+impl MoeLayer {
+    fn new(b: &B, fp4: bool, seed: u64) -> Result<Self> {
+        let experts = (0..EXPERTS as u64)
+            .map(|e| {
+                let s = seed * 1000 + 3 * e;
+                Ok(Expert {
+                    gate: weight(b, fp4, INTER, H, s)?,
+                    up: weight(b, fp4, INTER, H, s + 1)?,
+                    down: weight(b, fp4, H, INTER, s + 2)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lin = |n, k, s| Ok::<_, vt_core::Error>(Linear::new(b, weight(b, fp4, n, k, s)?));
+        Ok(MoeLayer {
+            router: Router {
+                weight: Linear::new(b, weight(b, false, EXPERTS, H, seed ^ 0xabc)?),
+                kind: RouterKind::Softmax { top_k: TOP_K, renormalize: true },
+                correction_bias: None,
+            },
+            experts: MoeExperts::new(b, "experts", experts, H, INTER)?,
+            shared: [lin(INTER, H, seed ^ 7)?, lin(INTER, H, seed ^ 8)?, lin(H, INTER, seed ^ 9)?],
+            gate: Linear::new(b, weight(b, false, 1, H, seed ^ 10)?),
+        })
+    }
+
+    fn shared(&self) -> SharedExpert<'_, B> {
+        SharedExpert { gate: &self.shared[0], up: &self.shared[1], down: &self.shared[2], gate_proj: Some(&self.gate) }
+    }
+}
+
+fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
+    let layers = (0..if fp4 { 8 } else { 4 }).map(|l| MoeLayer::new(b, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
+    let fmt = if fp4 { "nvfp4" } else { "bf16" };
+    for t in [1usize, 4] {
+        let xs = (0..layers.len() as u64)
+            .map(|l| b.random(DType::BF16, &[t, H], 77 + l, 1.0))
+            .collect::<Result<Vec<_>>>()?;
+        let run = |i: usize, fused: bool| -> Result<()> {
+            let (l, x) = (&layers[i % layers.len()], &xs[i % layers.len()]);
+            if fused {
+                b.moe_block(x, &l.router, &l.experts, Some(&l.shared()))?;
+            } else {
+                moe_block_composed(b, x, &l.router, &l.experts, Some(&l.shared()))?;
+            }
+            Ok(())
+        };
+        for i in 0..layers.len() {
+            run(i, true)?;
+            run(i, false)?;
+        }
+        // Distinct experts the t tokens may pick: at most t * k (+ shared); ceiling counts t = 1's.
+        let experts = (TOP_K * t).min(EXPERTS) + 1;
+        let bytes = (EXPERTS * H * 2 + H * 2) as f64 + (experts * 3 * INTER * H) as f64 * bytes_per_weight(fp4);
+        let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
+        let composed = b.time_queued(50, 30.0, |i| run(i, false))?;
+        let peer = if fp4 { String::new() } else { format!("hf_moe_block_t{t}") };
+        r.row(&format!("moe layer {fmt} t={t} (fused)"), fused.device_us, bytes, &peer);
+        r.row(&format!("moe layer {fmt} t={t} (composed ops, before)"), composed.device_us, bytes, "");
+        println!("    host µs per call: fused {:.1}, composed {:.1}", fused.host_us, composed.host_us);
+    }
+    Ok(())
+}
+
+fn gdn(b: &B, r: &Report) -> Result<()> {
+    for batch in [1usize, 16, 64] {
+        let (kh, vh) = (KEY_HEADS * batch, VALUE_HEADS * batch);
+        let channels = (2 * kh + vh) * HEAD;
+        let sets = (256 / batch).max(2);
+        let mut states = (0..sets)
+            .map(|_| Ok((b.zeros(&[channels, 3])?, b.zeros_f32(&[vh, HEAD, HEAD])?)))
+            .collect::<Result<Vec<_>>>()?;
+        let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
+        let (qkv, conv, a, bb) =
+            (rnd(&[1, channels], 1)?, rnd(&[channels, 4], 2)?, rnd(&[1, vh], 3)?, rnd(&[1, vh], 4)?);
+        let (a_log, dt_bias) = (rnd(&[vh], 5)?, rnd(&[vh], 6)?);
+        let step = GdnStep {
+            qkv: &qkv,
+            conv: &conv,
+            a: &a,
+            b: &bb,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            key_heads: kh,
+            key_dim: HEAD,
+            value_heads: vh,
+            value_dim: HEAD,
+        };
+        let mut run = |i: usize, fused: bool| -> Result<()> {
+            let (cs, s) = &mut states[i % sets];
+            if fused {
+                b.gated_delta_step(&step, cs, s)?;
+            } else {
+                gated_delta_step_composed(b, &step, cs, s)?;
+            }
+            Ok(())
+        };
+        for i in 0..sets {
+            run(i, true)?;
+            run(i, false)?;
+        }
+        let state_bytes = (2 * vh * HEAD * HEAD * 4) as f64;
+        let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
+        r.row(
+            &format!("gdn decode step batch {batch} (fused)"),
+            fused.device_us,
+            state_bytes,
+            &format!("fla_fused_recurrent_b{batch}"),
+        );
+        let composed = b.time_queued(50, 30.0, |i| run(i, false))?;
+        r.row(&format!("gdn decode step batch {batch} (composed, before)"), composed.device_us, state_bytes, "");
+    }
+    Ok(())
+}
+
+fn gemv(b: &B, r: &Report) -> Result<()> {
+    for (name, n, k, fp4, t) in [
+        ("lm_head", 248_320, H, false, 1),
+        ("in_proj_qkv", 8192, H, false, 1),
+        ("in_proj_qkv", 8192, H, false, 8),
+        ("out_proj", H, 4096, false, 1),
+        ("in_proj_qkv", 8192, H, true, 1),
+        ("out_proj", H, 4096, true, 1),
+    ] {
+        let bytes = (n * k) as f64 * bytes_per_weight(fp4);
+        let copies = ((256e6 / bytes).ceil() as usize).max(1);
+        let ws =
+            (0..copies as u64).map(|s| Ok(Linear::new(b, weight(b, fp4, n, k, s)?))).collect::<Result<Vec<_>>>()?;
+        let x = b.random(DType::BF16, &[t, k], 9, 1.0)?;
+        let fmt = if fp4 { "nvfp4" } else { "bf16" };
+        let time = b.time_queued(100, 30.0, |i| b.linear(&x, &ws[i % copies]).map(|_| ()))?;
+        r.row(
+            &format!("gemv {name} [{n}, {k}] {fmt} t={t}"),
+            time.device_us,
+            bytes,
+            &format!("torch_linear_{n}x{k}_{fmt}_t{t}"),
+        );
+    }
+    Ok(())
+}
+
+fn attention(b: &B, r: &Report) -> Result<()> {
+    let (hq, hkv, d, ctx) = (16, 2, 256, 4000);
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+    let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
+    let mut caches = (0..8)
+        .map(|s| {
+            let mut c = b.new_kv_cache(hkv, d, None)?;
+            b.attention(
+                &rnd(&[ctx, hq, d], s)?,
+                &rnd(&[ctx, hkv, d], s + 10)?,
+                &rnd(&[ctx, hkv, d], s + 20)?,
+                &mut c,
+                &params,
+            )?;
+            Ok(c)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (q, k, v) = (rnd(&[1, hq, d], 1)?, rnd(&[1, hkv, d], 2)?, rnd(&[1, hkv, d], 3)?);
+    for c in caches.iter_mut() {
+        b.attention(&q, &k, &v, c, &params)?;
+    }
+    let n = caches.len();
+    let time = b.time_queued(64, 30.0, |i| b.attention(&q, &k, &v, &mut caches[i % n], &params).map(|_| ()))?;
+    let bytes = (2 * (ctx + 9) * hkv * d * 2) as f64;
+    r.row(
+        &format!("attention decode ctx {ctx} [{hq}, {hkv}, {d}]"),
+        time.device_us,
+        bytes,
+        "torch_sdpa_decode_ctx4000",
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let peers = std::env::args()
+        .nth(1)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    Some((k.to_string(), v.trim().parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let b = CudaBackend::new()?;
+    // Device-to-device copy bandwidth (bytes read + written), the ceilings' denominator.
+    let rows = 1 << 16;
+    let big: Tensor<B> = b.random(DType::BF16, &[rows, 8192], 1, 1.0)?;
+    let copy = b.time_queued(20, 5.0, |_| b.slice_rows(&big, 0, rows).map(|_| ()))?;
+    let bandwidth = 2.0 * (rows * 8192 * 2) as f64 / (copy.device_us * 1e-6);
+    println!(
+        "copy bandwidth {:.2} TB/s (2 x {:.2} GB in {:.1} µs)",
+        bandwidth / 1e12,
+        (rows * 8192 * 2) as f64 / 1e9,
+        copy.device_us
+    );
+    drop(big);
+    let r = Report { bandwidth, peers };
+    gemv(&b, &r)?;
+    gdn(&b, &r)?;
+    attention(&b, &r)?;
+    moe(&b, &r, false)?;
+    moe(&b, &r, true)?;
+    Ok(())
+}

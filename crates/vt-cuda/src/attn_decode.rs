@@ -1,0 +1,82 @@
+//! Attention of one query token over its sequence's KV cache (kernels/attn_decode.cu): the cached
+//! positions are split over blocks (64 each) whose partial softmax results a second kernel merges,
+//! so decode reads the cache at memory speed whatever its length.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use vt_core::Result;
+
+use crate::backend::{i32_of, launched};
+use crate::CudaBackend;
+
+/// `ATT_DEC_SPLIT` and `ATT_DEC_MAX_D` of kernels/attn_decode.cu.
+const SPLIT: usize = 64;
+const MAX_D: usize = 256;
+
+pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
+    t == 1 && head_dim % 8 == 0 && head_dim <= MAX_D
+}
+
+/// Device addresses of one decode call: out and q `[1, q_heads, d]`, k and v `[1, kv_heads, d]`,
+/// the cache's keys and values (rows of `kv_heads * d`, as kv.rs keeps them).
+pub(crate) struct Operands {
+    pub out: u64,
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub kc: u64,
+    pub vc: u64,
+}
+
+/// The query sits at position `start`; a window (0: none) limits what it sees.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    b: &CudaBackend,
+    o: &Operands,
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    start: usize,
+    window: usize,
+    scale: f32,
+) -> Result<()> {
+    let visible = if window > 0 { (start + 1).min(window) } else { start + 1 };
+    let splits = visible.div_ceil(SPLIT);
+    let part = b.buffer(q_heads * splits * (d + 2) * 4)?;
+    let pp = part.ptr();
+    let (hq, hkv, di, si, wi, sp) = (
+        i32_of(q_heads, "heads")?,
+        i32_of(kv_heads, "kv heads")?,
+        d as i32,
+        i32_of(start, "position")?,
+        i32_of(window, "window")?,
+        i32_of(splits, "splits")?,
+    );
+    let mut l = b.stream().launch_builder(&b.k().attn_dec_split);
+    l.arg(&pp)
+        .arg(&o.q)
+        .arg(&o.k)
+        .arg(&o.v)
+        .arg(&o.kc)
+        .arg(&o.vc)
+        .arg(&hq)
+        .arg(&hkv)
+        .arg(&di)
+        .arg(&si)
+        .arg(&wi)
+        .arg(&scale)
+        .arg(&sp);
+    let cfg =
+        LaunchConfig { grid_dim: (splits as u32, q_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: attn_dec_split(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d, int
+    // start, int window, float scale, int splits): grid (splits, q_heads) of 128 threads covering
+    // the `visible` positions; d % 8 == 0 and d <= 256 (fits); q [1, q_heads, d], k/v [1, kv_heads,
+    // d], the cache holds every earlier visible position (kv.rs reserved it); part holds
+    // q_heads * splits * (d + 2) floats.
+    launched(unsafe { l.launch(cfg) }, "attn_dec_split")?;
+    let mut l = b.stream().launch_builder(&b.k().attn_dec_combine);
+    l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);
+    let cfg = LaunchConfig { grid_dim: (q_heads as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: attn_dec_combine(bf16* out, const float* part, int d, int splits): one block per
+    // head over the partials written above on this stream; out holds q_heads * d values.
+    launched(unsafe { l.launch(cfg) }, "attn_dec_combine")
+}

@@ -1,0 +1,179 @@
+//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu, `moe_dec_*`), in three
+//! launches and no host synchronisation: router and shared-expert-gate logits; routing (per block,
+//! on the device) with the fused SwiGLU of each chosen expert and the shared expert; down
+//! projections with the weighted combine. Experts are read through the `MoeExperts`' resident
+//! expert table (moe.rs), the shared expert through its own weights.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
+
+use crate::backend::{act, i32_of, launched};
+use crate::gemv::MAX_T;
+use crate::moe::{build_table, router_args};
+use crate::weight::{float_code, WeightDesc};
+use crate::CudaBackend;
+
+/// `MOE_DEC_MAX_EXP`, `MOE_DEC_MAX_K` of kernels/gemv.cu.
+const MAX_EXPERTS: usize = 512;
+const MAX_K: usize = 32;
+
+/// `struct RouteArgs` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RouteArgs {
+    bias: u64,
+    bias_dt: i32,
+    kind: i32,
+    renorm: i32,
+    top_k: i32,
+    n_exp: i32,
+    softcap: f32,
+    scaling: f32,
+    pad: i32,
+}
+
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (u64, 6 x 4-byte fields, pad: 40
+// bytes, 8-byte aligned, no implicit padding).
+unsafe impl DeviceRepr for RouteArgs {}
+
+/// `struct SharedDesc` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SharedDesc {
+    gate: WeightDesc,
+    up: WeightDesc,
+    down: WeightDesc,
+    present: i32,
+    gated: i32,
+}
+
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (3 x 32-byte WeightDesc, 2 ints: 104
+// bytes, 8-byte aligned, no implicit padding).
+unsafe impl DeviceRepr for SharedDesc {}
+
+/// The storage format all the block's expert matrices share: `Some(false)` bf16 with rows of
+/// whole 16-byte chunks, `Some(true)` NVFP4 with rows of whole 32-code chunks, `None` otherwise.
+fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
+    let mut fp4 = None;
+    for w in ws {
+        let this = match w {
+            Weight::Dense(t) if t.dtype() == DType::BF16 && w.dims().1 % 8 == 0 => false,
+            Weight::Nvfp4(_) if w.dims().1 % 32 == 0 => true,
+            _ => return None,
+        };
+        if *fp4.get_or_insert(this) != this {
+            return None;
+        }
+    }
+    fp4
+}
+
+/// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format,
+/// a shared expert of the routed experts' width); `None` sends the caller to the composed ops.
+pub(crate) fn moe_block(
+    b: &CudaBackend,
+    x: &Tensor<CudaBackend>,
+    router: &Router<CudaBackend>,
+    experts: &MoeExperts<CudaBackend>,
+    shared: Option<&SharedExpert<'_, CudaBackend>>,
+) -> Result<Option<Tensor<CudaBackend>>> {
+    let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
+    let top_k = router.kind.top_k();
+    let bf16_vec = |w: &Weight<CudaBackend>, n: usize| {
+        matches!(w, Weight::Dense(d) if d.dtype() == DType::BF16) && w.dims() == (n, h) && h % 8 == 0
+    };
+    let shared_fits = shared.is_none_or(|s| {
+        s.gate.weight.dims() == (inter, h)
+            && s.up.weight.dims() == (inter, h)
+            && s.down.weight.dims() == (h, inter)
+            && s.gate_proj.is_none_or(|g| bf16_vec(&g.weight, 1))
+    });
+    let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
+    let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
+    let fits = (1..=MAX_T).contains(&t)
+        && x.last_dim() == h
+        && n_exp <= MAX_EXPERTS
+        && (1..=MAX_K.min(n_exp)).contains(&top_k)
+        && bf16_vec(&router.weight.weight, n_exp)
+        && shared_fits;
+    let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
+    let px = act(x, "moe_block")?;
+    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
+
+    let (kind, renorm, softcap, scaling) = router_args(&router.kind)?;
+    let (bias, bias_dt) = match &router.correction_bias {
+        Some(c) if c.numel() == n_exp => (c.buffer().ptr(), float_code(c, "moe_block")?),
+        Some(c) => return Err(crate::backend::err(format!("moe_block: correction bias {:?}", c.shape()))),
+        None => (0, 0),
+    };
+    let ra =
+        RouteArgs { bias, bias_dt, kind, renorm, top_k: top_k as i32, n_exp: n_exp as i32, softcap, scaling, pad: 0 };
+    let router_desc = WeightDesc::of(&router.weight.weight, "moe_block")?;
+    let sh = match shared {
+        Some(s) => SharedDesc {
+            gate: WeightDesc::of(&s.gate.weight, "moe_block")?,
+            up: WeightDesc::of(&s.up.weight, "moe_block")?,
+            down: WeightDesc::of(&s.down.weight, "moe_block")?,
+            present: 1,
+            gated: s.gate_proj.is_some() as i32,
+        },
+        None => SharedDesc { gate: router_desc, up: router_desc, down: router_desc, present: 0, gated: 0 },
+    };
+    let gate_desc = match shared.and_then(|s| s.gate_proj) {
+        Some(g) => WeightDesc::of(&g.weight, "moe_block")?,
+        None => router_desc,
+    };
+    let slots = top_k + sh.present as usize;
+
+    // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0),
+    // then logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
+    let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
+    let scratch = b.buffer(4 * (n_act + n_logits + 2 * n_slots))?;
+    let p_act = scratch.ptr();
+    let p_logits = p_act + 4 * n_act as u64;
+    let p_ids = p_logits + 4 * n_logits as u64;
+    let p_w = p_ids + 4 * n_slots as u64;
+    let out = b.empty(DType::BF16, x.shape())?;
+    let p_out = out.buffer().ptr();
+    let (ti, ne, gated, si, ii, hi) =
+        (t as i32, n_exp as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
+
+    let mut l = b.stream().launch_builder(&b.k().moe_dec_logits);
+    l.arg(&p_logits).arg(&px).arg(&router_desc).arg(&gate_desc).arg(&ne).arg(&gated).arg(&ti);
+    let cfg = LaunchConfig {
+        grid_dim: ((n_exp + gated as usize).div_ceil(4) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate,
+    // int n_exp, int gated, int t): one warp per row of n_exp + gated; both descs are bf16 [_, h]
+    // with h % 8 == 0 (checked); logits holds t * (n_exp + 1) floats, x t * h values, t <= 8.
+    launched(unsafe { l.launch(cfg) }, "moe_dec_logits")?;
+
+    let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
+    let mut l = b.stream().launch_builder(gate_up);
+    l.arg(&p_act).arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&px).arg(&table).arg(&sh).arg(&ra).arg(&si).arg(&ii);
+    let cfg = LaunchConfig {
+        grid_dim: ((t * slots) as u32, inter.div_ceil(8) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: moe_dec_gate_up_*(float* act, int* slot_ids, float* slot_w, const float* logits,
+    // const bf16* x, const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter):
+    // grid (t * slots, inter / 8) of 256 threads; the table has 2 * n_exp descs (fused gate/up
+    // [2 * inter, h], down [h, inter]) of the one format `fp4` names, as are the shared expert's
+    // [inter, h] / [h, inter] (checked); n_exp <= 512, top_k <= 32; scratch sized above.
+    launched(unsafe { l.launch(cfg) }, "moe_dec_gate_up")?;
+
+    let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
+    let mut l = b.stream().launch_builder(down);
+    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&si).arg(&hi).arg(&ii);
+    let cfg =
+        LaunchConfig { grid_dim: (t as u32, h.div_ceil(8) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
+    // const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter): grid (t, h / 8) of
+    // 256 threads (slots <= 33 fit the first threads); slot ids are experts < n_exp or -1 for the
+    // shared expert (written by the previous kernel on this stream); out holds t * h values.
+    launched(unsafe { l.launch(cfg) }, "moe_dec_down")?;
+    Ok(Some(out))
+}

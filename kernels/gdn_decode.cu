@@ -1,0 +1,103 @@
+// Gated DeltaNet decode, one token: gdn_dec_conv (the causal conv1d step + SiLU over every q/k/v
+// channel, conv state shifted) then gdn_dec_state (l2-normalised q and k, the gates, the state's
+// decay, delta update and output in one pass: the f32 state is read once and written once, from
+// registers). Mirrors gdn.cu's token-by-token kernels; the conv output stays f32 between the two.
+// gdn_dec_state needs key_dim = value_dim = GDN_D.
+
+#define GDN_D 128
+// Value columns of one head per block: 4 blocks per head, so a single sequence's 32 heads already
+// spread over 128 blocks.
+#define GDN_COLS 32
+
+// out[ch] = silu(sum_j w[ch, j] * window_j), window = (state[ch, :], x[ch]); the state then holds
+// the last k - 1 inputs. One thread per channel; out f32, state bf16 [c, k - 1].
+extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, bf16* state, int c, int k) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    bf16* st = state + (long long)ch * (k - 1);
+    float acc = 0.0f;
+    for (int j = 0; j < k - 1; j++) acc += ld(w, wdt, (long long)ch * k + j) * bf2f(st[j]);
+    acc += ld(w, wdt, (long long)ch * k + k - 1) * bf2f(x[ch]);
+    for (int j = 0; j + 2 < k; j++) st[j] = st[j + 1];
+    if (k > 1) st[k - 2] = x[ch];
+    out[ch] = silu(acc);
+}
+
+// Column sums over the block's 128 state rows of p[c] (this thread's partial for its 4 columns);
+// every thread gets its columns' totals back in p. red: [8][GDN_COLS], tot: [GDN_COLS] shared.
+__device__ __forceinline__ void col_sums(float* p, float (*red)[GDN_COLS], float* tot) {
+    int tid = threadIdx.x, lane = tid & 31, cg = tid & 7;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        p[c] += __shfl_xor_sync(0xffffffffu, p[c], 8);
+        p[c] += __shfl_xor_sync(0xffffffffu, p[c], 16);
+    }
+    if (lane < 8)
+#pragma unroll
+        for (int c = 0; c < 4; c++) red[tid >> 5][cg * 4 + c] = p[c];
+    __syncthreads();
+    if (tid < GDN_COLS) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) s += red[w][tid];
+        tot[tid] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < 4; c++) p[c] = tot[cg * 4 + c];
+}
+
+// One decode token of the gated delta rule on the conv outputs qkv (f32: q [key_heads, D], k
+// [key_heads, D], v [value_heads, D]):  S *= exp(g);  delta = (v - S^T k) * beta;  S += k (x) delta;
+// o = S^T q. Grid: (value_heads, D / GDN_COLS), 256 threads; thread (rg = tid / 8, cg = tid % 8)
+// keeps S rows rg + 32m (m < 4), columns col .. col + 3 in registers.
+extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
+                                         const void* dt_bias, int dt_bias_dt, float* state, int key_heads, int value_heads) {
+    __shared__ float qs[GDN_D], ks[GDN_D];
+    __shared__ float red[8][GDN_COLS];
+    __shared__ float tot[GDN_COLS];
+    int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int kh = h / (value_heads / key_heads);
+    if (warp < 2) {
+        // As gdn.cu's load_l2: x * (1 / sqrt(sum x^2 + 1e-6)) * (1 / sqrt(D) for q).
+        const float* src = qkv + (long long)(warp * key_heads + kh) * GDN_D;
+        float vals[GDN_D / 32], ss = 0.0f;
+#pragma unroll
+        for (int m = 0; m < GDN_D / 32; m++) { vals[m] = src[lane + 32 * m]; ss += vals[m] * vals[m]; }
+        float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), mul = warp == 0 ? 1.0f / sqrtf((float)GDN_D) : 1.0f;
+        float* dst = warp == 0 ? qs : ks;
+#pragma unroll
+        for (int m = 0; m < GDN_D / 32; m++) dst[lane + 32 * m] = vals[m] * inv * mul;
+    }
+    float neg_a = -expf(ld(a_log, a_log_dt, h)), bias = ld(dt_bias, dt_bias_dt, h);
+    float beta = sigmoidf(bf2f(b[h])), decay = expf(neg_a * softplusf(bf2f(a[h]) + bias));
+    __syncthreads();
+    int rg = tid >> 3, col = blockIdx.y * GDN_COLS + (tid & 7) * 4;
+    float* S = state + (long long)h * GDN_D * GDN_D + col;
+    float4 s[GDN_D / 32];
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < GDN_D / 32; m++) s[m] = *(const float4*)(S + (rg + 32 * m) * GDN_D);
+#pragma unroll
+    for (int m = 0; m < GDN_D / 32; m++) {
+        float kk = ks[rg + 32 * m];
+        s[m].x *= decay; s[m].y *= decay; s[m].z *= decay; s[m].w *= decay;
+        p[0] += s[m].x * kk; p[1] += s[m].y * kk; p[2] += s[m].z * kk; p[3] += s[m].w * kk;
+    }
+    col_sums(p, red, tot);
+    const float* v = qkv + (long long)(2 * key_heads + h) * GDN_D + col;
+    float delta[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) { delta[c] = (v[c] - p[c]) * beta; p[c] = 0.0f; }
+#pragma unroll
+    for (int m = 0; m < GDN_D / 32; m++) {
+        float kk = ks[rg + 32 * m], qq = qs[rg + 32 * m];
+        s[m].x += kk * delta[0]; s[m].y += kk * delta[1]; s[m].z += kk * delta[2]; s[m].w += kk * delta[3];
+        p[0] += s[m].x * qq; p[1] += s[m].y * qq; p[2] += s[m].z * qq; p[3] += s[m].w * qq;
+        *(float4*)(S + (rg + 32 * m) * GDN_D) = s[m];
+    }
+    col_sums(p, red, tot);
+    if (rg == 0)
+#pragma unroll
+        for (int c = 0; c < 4; c++) out[(long long)h * GDN_D + col + c] = f2bf(p[c]);
+}

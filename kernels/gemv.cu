@@ -1,0 +1,377 @@
+// Decode-time matrix-vector kernels: a few tokens against weights that are read once, 16 bytes per
+// lane per load, several loads in flight per lane before any arithmetic (decode is bound by the
+// latency of those loads, not by FLOPs). Weights are bf16 (8 per chunk) or NVFP4 W4A16 (32 e2m1
+// codes per chunk, decoded in registers: Hopper has no fp4 MMA, and decode needs none).
+//
+// - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens.
+// - moe_dec_logits, moe_dec_gate_up_*, moe_dec_down_*: a whole MoE block for a few tokens in three
+//   launches: router (+ shared-expert gate) logits; routing + fused SwiGLU of every chosen expert
+//   and the shared expert; down projections + weighted combine. No host synchronisation: expert
+//   ids never leave the device; the expert table is the MoeExperts' resident WeightDesc array.
+
+#define GEMV_MAX_T 8
+// Rows per warp in gemv_*: each x chunk loaded is used GEMV_ROWS times.
+#define GEMV_ROWS 2
+// Chunks each lane loads before it computes.
+#define CHUNKS 4
+#define MOE_DEC_MAX_EXP 512
+#define MOE_DEC_MAX_K 32
+
+// The two halves of an f16 pair as f32.
+__device__ __forceinline__ void f16x2(unsigned v, float& lo, float& hi) {
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(v));
+}
+
+// Eight e2m1 codes (element i in nibble i) dotted with x[0..8), times 2^-14. Each shift/mask pair
+// moves two codes' magnitude bits to an f16's bits 9..11 and their signs to bit 15: the f16 then
+// holds e2m1 * 2^-14 exactly (code 1 as the subnormal 2^-15), so no lookup table is needed.
+__device__ __forceinline__ float fp4x8_dot(unsigned w, const float* x) {
+    float a0, a4, b1, b5, c2, c6, d3, d7;
+    f16x2(((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u), a0, a4);
+    f16x2(((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u), b1, b5);
+    f16x2(((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u), c2, c6);
+    f16x2(((w >> 3) & 0x0e000e00u) | (w & 0x80008000u), d3, d7);
+    return a0 * x[0] + b1 * x[1] + c2 * x[2] + d3 * x[3] + a4 * x[4] + b5 * x[5] + c6 * x[6] + d7 * x[7];
+}
+#define FP4_UNSCALE 16384.0f
+
+// A weight format: ELEMS inputs per 16-byte chunk; `load` fetches chunk c of a row (and, for
+// NVFP4, its two fp8 block scales); `dot` takes the chunk's inputs as f32.
+template <bool FP4> struct Fmt;
+
+template <> struct Fmt<false> {
+    static constexpr int ELEMS = 8;
+    static __device__ __forceinline__ void load(const WeightDesc& w, long long row, int c, uint4& v, unsigned& s) {
+        v = ld_stream((const bf16*)w.data + row * w.k + c * 8);
+        s = 0;
+    }
+    static __device__ __forceinline__ float dot(uint4 v, unsigned, const float* x) {
+        float w0, w1, w2, w3, w4, w5, w6, w7;
+        bf16x2(v.x, w0, w1); bf16x2(v.y, w2, w3); bf16x2(v.z, w4, w5); bf16x2(v.w, w6, w7);
+        return w0 * x[0] + w1 * x[1] + w2 * x[2] + w3 * x[3] + w4 * x[4] + w5 * x[5] + w6 * x[6] + w7 * x[7];
+    }
+    // Multiplier of a row's dot.
+    static __device__ __forceinline__ float row_scale(const WeightDesc&, long long) { return 1.0f; }
+};
+
+template <> struct Fmt<true> {
+    static constexpr int ELEMS = 32;
+    static __device__ __forceinline__ void load(const WeightDesc& w, long long row, int c, uint4& v, unsigned& s) {
+        v = ld_stream((const unsigned char*)w.data + row * (w.k >> 1) + c * 16);
+        s = ((const unsigned short*)((const unsigned char*)w.scales + row * (w.k >> 4)))[c];
+    }
+    // Without the row's global scale and 2^14 (row_scale).
+    static __device__ __forceinline__ float dot(uint4 v, unsigned s, const float* x) {
+        float g0 = fp4x8_dot(v.x, x) + fp4x8_dot(v.y, x + 8);
+        float g1 = fp4x8_dot(v.z, x + 16) + fp4x8_dot(v.w, x + 24);
+        return g0 * f8e4m3(s & 0xffu) + g1 * f8e4m3(s >> 8);
+    }
+    static __device__ __forceinline__ float row_scale(const WeightDesc& w, long long row) {
+        return ((row & 1) ? w.global[1] : w.global[0]) * FP4_UNSCALE;
+    }
+};
+
+// The ELEMS inputs of chunk c, as f32.
+template <bool FP4, typename X> __device__ __forceinline__ void load_xchunk(const X* x, int c, float* f) {
+#pragma unroll
+    for (int j = 0; j < Fmt<FP4>::ELEMS; j += 8) load_x8(x + (long long)c * Fmt<FP4>::ELEMS + j, f + j);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense linear layers: y[i, r] = x[i, :] . W[r, :] for i < t <= GEMV_MAX_T. Block: 128 threads
+// (4 warps); warp w of block b owns rows (4b + w) * GEMV_ROWS + [0, GEMV_ROWS). k % ELEMS == 0.
+template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t) {
+    typedef Fmt<FP4> F;
+    int lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * GEMV_ROWS;
+    if (r0 >= n) return;
+    long long rows[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) rows[r] = min(r0 + r, n - 1);  // the tail repeats a row, unused
+    float acc[GEMV_MAX_T][GEMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < GEMV_MAX_T; i++)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.0f;
+    int nc = w.k / F::ELEMS;
+    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
+        uint4 v[CHUNKS][GEMV_ROWS];
+        unsigned s[CHUNKS][GEMV_ROWS];
+#pragma unroll
+        for (int u = 0; u < CHUNKS; u++)
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                if (c0 + 32 * u < nc) F::load(w, rows[r], c0 + 32 * u, v[u][r], s[u][r]);
+#pragma unroll
+        for (int u = 0; u < CHUNKS; u++) {
+            if (c0 + 32 * u >= nc) break;
+#pragma unroll
+            for (int i = 0; i < GEMV_MAX_T; i++) {
+                if (i >= t) break;
+                float xf[F::ELEMS];
+                load_xchunk<FP4>(x + (long long)i * w.k, c0 + 32 * u, xf);
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += F::dot(v[u][r], s[u][r], xf);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GEMV_MAX_T; i++) {
+        if (i >= t) break;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            float sum = warp_sum(acc[i][r]);
+            if (lane == 0 && r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
+        }
+    }
+}
+
+extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, WeightDesc w, int n, int t) { gemv<false>(y, x, w, n, t); }
+extern "C" __global__ void gemv_nvfp4(bf16* y, const bf16* x, WeightDesc w, int n, int t) { gemv<true>(y, x, w, n, t); }
+
+// ---------------------------------------------------------------------------------------------
+// MoE block decode.
+
+// How router logits become choices (vt-cuda's `RouteArgs`, #[repr(C)]): kind 0 = softmax over all
+// experts, top-k on the probabilities; 1 = sigmoid of the (optionally tanh-softcapped) logits, top-k
+// on score + bias, weights the unbiased scores times `scaling`. Renormalised over the k if `renorm`.
+struct RouteArgs {
+    u64 bias;
+    int bias_dt;
+    int kind;
+    int renorm;
+    int top_k;
+    int n_exp;
+    float softcap;
+    float scaling;
+    int pad;
+};
+
+// The shared expert (vt-cuda's `SharedDesc`): `present` 0 when the block has none; `gated` 1 when
+// it is scaled by sigmoid of the last logit column.
+struct SharedDesc {
+    WeightDesc gate, up, down;
+    int present;
+    int gated;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Routing of one token by one warp, as vt-cpu's `route`: ties go to the lower expert index, the
+// normaliser sums the chosen scores in choice order. Writes the k choices in ascending expert
+// order (the combine order) to ids/wts. n_exp <= MOE_DEC_MAX_EXP, top_k <= 32.
+__device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, float* wts) {
+    const int per = MOE_DEC_MAX_EXP / 32;
+    int lane = threadIdx.x & 31, n = ra.n_exp;
+    float sc[per], ch[per];
+    if (ra.kind == 0) {
+        float m = __int_as_float(0xff800000);
+#pragma unroll
+        for (int j = 0; j < per; j++)
+            if (lane + 32 * j < n) m = fmaxf(m, logits[lane + 32 * j]);
+        m = warp_max(m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < per; j++) {
+            sc[j] = lane + 32 * j < n ? expf(logits[lane + 32 * j] - m) : 0.0f;
+            sum += sc[j];
+        }
+        sum = warp_sum(sum);
+#pragma unroll
+        for (int j = 0; j < per; j++) ch[j] = sc[j] = sc[j] / sum;
+    } else {
+#pragma unroll
+        for (int j = 0; j < per; j++) {
+            int e = lane + 32 * j;
+            float l = e < n ? logits[e] : 0.0f;
+            if (ra.softcap > 0.0f) l = ra.softcap * tanhf(l / ra.softcap);
+            sc[j] = sigmoidf(l);
+            ch[j] = sc[j] + (ra.bias && e < n ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
+        }
+    }
+    unsigned taken = 0;
+    int my_id = 0x7fffffff;
+    float my_score = 0.0f, norm = 0.0f;
+    for (int s = 0; s < ra.top_k; s++) {
+        float bv = __int_as_float(0xff800000);
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < per; j++) {
+            int e = lane + 32 * j;
+            if (e < n && !((taken >> j) & 1u) && (ch[j] > bv || be == 0x7fffffff)) { bv = ch[j]; be = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe != 0x7fffffff && (be == 0x7fffffff || ov > bv || (ov == bv && oe < be))) { bv = ov; be = oe; }
+        }
+        float mine = 0.0f;
+#pragma unroll
+        for (int j = 0; j < per; j++)
+            if ((be & 31) == lane && (be >> 5) == j) { taken |= 1u << j; mine = sc[j]; }
+        float score = __shfl_sync(0xffffffffu, mine, be & 31);
+        norm += score;
+        if (lane == s) { my_id = be; my_score = score; }
+    }
+    float w = my_score / (ra.renorm ? norm : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
+    int rank = 0;
+    for (int s = 0; s < ra.top_k; s++) rank += __shfl_sync(0xffffffffu, my_id, s) < my_id;
+    if (lane < ra.top_k) { ids[rank] = my_id; wts[rank] = w; }
+}
+
+// logits[i, e] (f32, [t, n_exp + 1]) = x[i] . router[e]; column n_exp = x[i] . gate[0] when
+// `gated`. bf16 weights. Block: 128 threads, one warp per row.
+extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate, int n_exp, int gated, int t) {
+    typedef Fmt<false> F;
+    int lane = threadIdx.x & 31, r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_exp + gated) return;
+    WeightDesc w = r < n_exp ? router : gate;
+    long long row = r < n_exp ? r : 0;
+    float acc[GEMV_MAX_T];
+#pragma unroll
+    for (int i = 0; i < GEMV_MAX_T; i++) acc[i] = 0.0f;
+    int nc = w.k / F::ELEMS;
+    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
+        uint4 v[CHUNKS];
+        unsigned s[CHUNKS];
+#pragma unroll
+        for (int u = 0; u < CHUNKS; u++)
+            if (c0 + 32 * u < nc) F::load(w, row, c0 + 32 * u, v[u], s[u]);
+#pragma unroll
+        for (int u = 0; u < CHUNKS; u++) {
+            if (c0 + 32 * u >= nc) break;
+#pragma unroll
+            for (int i = 0; i < GEMV_MAX_T; i++) {
+                if (i >= t) break;
+                float xf[8];
+                load_xchunk<false>(x + (long long)i * w.k, c0 + 32 * u, xf);
+                acc[i] += F::dot(v[u], s[u], xf);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GEMV_MAX_T; i++) {
+        if (i >= t) break;
+        float sum = warp_sum(acc[i]);
+        if (lane == 0) logits[(long long)i * (n_exp + 1) + r] = sum;
+    }
+}
+
+// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot): slots 0..top_k-1 are
+// the token's chosen experts in ascending order (fused gate/up rows 2u, 2u + 1 of table[2e]),
+// slot top_k the shared expert (rows u of its gate and up). Also records each slot's expert and
+// combine weight for the down kernel. Grid: (t * slots, ceil(inter / 8)), 256 threads: one warp
+// per unit u. Every block routes its token (a warp's work on 256 logits: cheaper than a launch).
+template <bool FP4>
+__device__ void moe_dec_gate_up(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x, const WeightDesc* table,
+                                const SharedDesc& sh, const RouteArgs& ra, int slots, int inter) {
+    typedef Fmt<FP4> F;
+    __shared__ int ids[MOE_DEC_MAX_K];
+    __shared__ float wts[MOE_DEC_MAX_K];
+    int tok = blockIdx.x / slots, s = blockIdx.x % slots, lane = threadIdx.x & 31;
+    const float* lg = logits + (long long)tok * (ra.n_exp + 1);
+    if (s < ra.top_k) {
+        if (threadIdx.x < 32) route_token(lg, ra, ids, wts);
+        __syncthreads();
+    }
+    int u = blockIdx.y * 8 + (threadIdx.x >> 5);
+    bool routed = s < ra.top_k;
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+        slot_ids[blockIdx.x] = routed ? ids[s] : -1;
+        slot_w[blockIdx.x] = routed ? wts[s] : (sh.gated ? sigmoidf(lg[ra.n_exp]) : 1.0f);
+    }
+    if (u >= inter) return;
+    WeightDesc g = routed ? table[2 * ids[s]] : sh.gate;
+    WeightDesc up = routed ? g : sh.up;
+    long long gr = routed ? 2 * u : u, ur = routed ? 2 * u + 1 : u;
+    const bf16* xt = x + (long long)tok * g.k;
+    int nc = g.k / F::ELEMS, total = 2 * nc;
+    float ag = 0.0f, au = 0.0f;
+    for (int i0 = lane; i0 < total; i0 += 32 * CHUNKS) {
+        uint4 v[CHUNKS];
+        unsigned sc[CHUNKS];
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j++) {
+            int i = i0 + 32 * j;
+            if (i < total) {
+                if (i < nc) F::load(g, gr, i, v[j], sc[j]);
+                else F::load(up, ur, i - nc, v[j], sc[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j++) {
+            int i = i0 + 32 * j;
+            if (i >= total) break;
+            float xf[F::ELEMS];
+            load_xchunk<FP4>(xt, i < nc ? i : i - nc, xf);
+            float d = F::dot(v[j], sc[j], xf);
+            if (i < nc) ag += d;
+            else au += d;
+        }
+    }
+    ag = warp_sum(ag) * F::row_scale(g, gr);
+    au = warp_sum(au) * F::row_scale(up, ur);
+    if (lane == 0) act[(long long)blockIdx.x * inter + u] = silu(ag) * au;
+}
+
+// out[i, r] = sum over token i's slots, in slot order, of slot_w * (down_slot[r] . act[slot]).
+// Grid: (t, ceil(hidden / 8)), 256 threads: one warp per output row.
+template <bool FP4>
+__device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
+                             const SharedDesc& sh, int slots, int hidden, int inter) {
+    typedef Fmt<FP4> F;
+    __shared__ WeightDesc dn[MOE_DEC_MAX_K + 1];
+    __shared__ float mul[MOE_DEC_MAX_K + 1];
+    int tok = blockIdx.x, lane = threadIdx.x & 31;
+    int r = blockIdx.y * 8 + (threadIdx.x >> 5);
+    if (threadIdx.x < slots) {
+        int id = slot_ids[tok * slots + threadIdx.x];
+        dn[threadIdx.x] = id >= 0 ? table[2 * id + 1] : sh.down;
+        mul[threadIdx.x] = slot_w[tok * slots + threadIdx.x] * F::row_scale(dn[threadIdx.x], 0);
+    }
+    __syncthreads();
+    if (r >= hidden) return;
+    const float* at = act + (long long)tok * slots * inter;
+    int nc = inter / F::ELEMS, total = slots * nc;
+    float acc = 0.0f;
+    for (int i0 = lane; i0 < total; i0 += 32 * CHUNKS) {
+        uint4 v[CHUNKS];
+        unsigned sc[CHUNKS];
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j++) {
+            int i = i0 + 32 * j;
+            if (i < total) F::load(dn[i / nc], r, i % nc, v[j], sc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j++) {
+            int i = i0 + 32 * j;
+            if (i >= total) break;
+            int sl = i / nc;
+            float xf[F::ELEMS];
+            load_xchunk<FP4>(at + (long long)sl * inter, i % nc, xf);
+            acc += mul[sl] * F::dot(v[j], sc[j], xf);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[(long long)tok * hidden + r] = f2bf(acc);
+}
+
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x,
+                                                const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter) {
+    moe_dec_gate_up<false>(act, slot_ids, slot_w, logits, x, table, sh, ra, slots, inter);
+}
+extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x,
+                                                 const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter) {
+    moe_dec_gate_up<true>(act, slot_ids, slot_w, logits, x, table, sh, ra, slots, inter);
+}
+extern "C" __global__ void moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
+                                             const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter) {
+    moe_dec_down<false>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
+}
+extern "C" __global__ void moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
+                                              const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter) {
+    moe_dec_down<true>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
+}
