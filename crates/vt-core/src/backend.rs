@@ -99,6 +99,62 @@ pub struct SharedExpert<'a, B: Backend> {
     pub gate_proj: Option<&'a Linear<B>>,
 }
 
+/// Shapes of one gated-delta-rule call (a single sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnDims {
+    /// Tokens in this call.
+    pub t: usize,
+    /// Query/key heads (`linear_num_key_heads`).
+    pub key_heads: usize,
+    /// Value heads (`linear_num_value_heads`), a multiple of `key_heads`.
+    pub value_heads: usize,
+    /// Query/key head dimension (`linear_key_head_dim`).
+    pub key_dim: usize,
+    /// Value head dimension (`linear_value_head_dim`).
+    pub value_dim: usize,
+}
+
+impl<B: Backend> GdnInputs<'_, B> {
+    /// The call's shapes, after checking every input against each other and against `state`
+    /// (f32 `[value_heads, key_dim, value_dim]`); the error names every shape involved.
+    pub fn dims(&self, state: &Tensor<B>, backend: &'static str) -> Result<GdnDims> {
+        let bad = || {
+            crate::Error::backend(
+                backend,
+                format!(
+                    "gated_delta_rule: q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, a_log {:?}, dt_bias {:?}, state {} {:?}",
+                    self.q.shape(),
+                    self.k.shape(),
+                    self.v.shape(),
+                    self.a.shape(),
+                    self.b.shape(),
+                    self.a_log.shape(),
+                    self.dt_bias.shape(),
+                    state.dtype(),
+                    state.shape()
+                ),
+            )
+        };
+        let (&[t, key_heads, key_dim], &[tv, value_heads, value_dim]) = (self.q.shape(), self.v.shape()) else {
+            return Err(bad());
+        };
+        let ok = self.k.shape() == self.q.shape()
+            && tv == t
+            && key_heads > 0
+            && value_heads % key_heads == 0
+            && self.a.numel() == t * value_heads
+            && self.b.numel() == t * value_heads
+            && self.a_log.numel() == value_heads
+            && self.dt_bias.numel() == value_heads
+            && state.shape() == [value_heads, key_dim, value_dim]
+            && state.dtype() == DType::F32;
+        if !ok {
+            return Err(bad());
+        }
+        Ok(GdnDims { t, key_heads, value_heads, key_dim, value_dim })
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GdnMode {
     /// Chunked (WY) form, for prefill.

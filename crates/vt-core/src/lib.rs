@@ -13,7 +13,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use backend::{
-    AttentionParams, Backend, GateAct, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope, SharedExpert,
+    AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope, SharedExpert,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

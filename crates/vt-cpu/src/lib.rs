@@ -318,33 +318,7 @@ impl Backend for CpuBackend {
         mode: GdnMode,
     ) -> Result<Tensor<Self>> {
         let op = "gated_delta_rule";
-        let (t, key_heads, key_dim) = dims3(inp.q, op)?;
-        let (tv, value_heads, value_dim) = dims3(inp.v, op)?;
-        check(
-            inp.k.shape() == inp.q.shape()
-                && tv == t
-                && key_heads > 0
-                && value_heads % key_heads == 0
-                && inp.a.numel() == t * value_heads
-                && inp.b.numel() == t * value_heads
-                && inp.a_log.numel() == value_heads
-                && inp.dt_bias.numel() == value_heads
-                && state.shape() == [value_heads, key_dim, value_dim]
-                && state.dtype() == DType::F32,
-            op,
-            || {
-                format!(
-                    "q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {:?}",
-                    inp.q.shape(),
-                    inp.k.shape(),
-                    inp.v.shape(),
-                    inp.a.shape(),
-                    inp.b.shape(),
-                    state.shape()
-                )
-            },
-        )?;
-        let d = ops::gdn::GdnDims { t, key_heads, value_heads, key_dim, value_dim };
+        let d = inp.dims(state, "cpu")?;
         let (a_log, dt_bias) = (small_f32(inp.a_log, op)?, small_f32(inp.dt_bias, op)?);
         let (q, k, v, a, b) =
             (f32s(inp.q, op)?, f32s(inp.k, op)?, f32s(inp.v, op)?, f32s(inp.a, op)?, f32s(inp.b, op)?);
@@ -353,7 +327,7 @@ impl Backend for CpuBackend {
             GdnMode::Chunked => ops::gdn::gated_delta_rule_chunked(&d, q, k, v, a, b, &a_log, &dt_bias, s),
             GdnMode::Recurrent => ops::gdn::gated_delta_rule_recurrent(&d, q, k, v, a, b, &a_log, &dt_bias, s),
         };
-        self.f32_tensor(&[t, value_heads, value_dim], &out)
+        self.f32_tensor(&[d.t, d.value_heads, d.value_dim], &out)
     }
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {

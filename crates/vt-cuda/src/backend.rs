@@ -10,8 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use half::bf16;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MemoryStats, MoeExperts,
-    NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
+    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, Linear, MemoryStats,
+    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
 use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
@@ -529,35 +529,10 @@ impl Backend for CudaBackend {
         mode: GdnMode,
     ) -> Result<Tensor<Self>> {
         let op = "gated_delta_rule";
-        let (t, key_heads, key_dim) = dims3(inp.q, op)?;
-        let (tv, value_heads, value_dim) = dims3(inp.v, op)?;
-        check(
-            inp.k.shape() == inp.q.shape()
-                && tv == t
-                && key_heads > 0
-                && value_heads % key_heads == 0
-                && inp.a.numel() == t * value_heads
-                && inp.b.numel() == t * value_heads
-                && inp.a_log.numel() == value_heads
-                && inp.dt_bias.numel() == value_heads
-                && state.shape() == [value_heads, key_dim, value_dim]
-                && state.dtype() == DType::F32
-                && value_dim <= 1024
-                && key_dim * 8 <= MAX_SHARED,
-            op,
-            || {
-                format!(
-                    "q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, state {} {:?}",
-                    inp.q.shape(),
-                    inp.k.shape(),
-                    inp.v.shape(),
-                    inp.a.shape(),
-                    inp.b.shape(),
-                    state.dtype(),
-                    state.shape()
-                )
-            },
-        )?;
+        let GdnDims { t, key_heads, value_heads, key_dim, value_dim } = inp.dims(state, "cuda")?;
+        check(value_dim <= 1024 && key_dim * 8 <= MAX_SHARED, op, || {
+            format!("value dim {value_dim} / key dim {key_dim} exceed this kernel's limits")
+        })?;
         let (pq, pk, pv, pa, pb) =
             (act(inp.q, op)?, act(inp.k, op)?, act(inp.v, op)?, act(inp.a, op)?, act(inp.b, op)?);
         let (pal, al_dt, pdt, dt_dt) = (

@@ -37,20 +37,7 @@ pub const GDN_CHUNK: usize = 64;
 /// Tokens per block when the chunked form reads the state (see [`chunked_head`]).
 const ROW_BLOCK: usize = 8;
 
-/// Shapes of one gated-delta-rule call (a single sequence).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GdnDims {
-    /// Tokens in this call.
-    pub t: usize,
-    /// Query/key heads (`linear_num_key_heads`).
-    pub key_heads: usize,
-    /// Value heads (`linear_num_value_heads`), a multiple of `key_heads`.
-    pub value_heads: usize,
-    /// Query/key head dimension (`linear_key_head_dim`).
-    pub key_dim: usize,
-    /// Value head dimension (`linear_value_head_dim`).
-    pub value_dim: usize,
-}
+pub use vt_core::GdnDims;
 
 // ---------------------------------------------------------------------------------------------
 // Scalar helpers (each mirrors the torch CPU f32 formula)

@@ -1,0 +1,41 @@
+//! Ops given tensors whose shapes disagree return an error naming the shapes; they never panic.
+
+use vt_core::{AttentionParams, Backend, GdnInputs, GdnMode, Linear, NormKind, Weight};
+use vt_cpu::CpuBackend;
+
+fn zeros(b: &CpuBackend, shape: &[usize]) -> vt_core::Tensor<CpuBackend> {
+    b.from_f32(shape, &vec![0.5; shape.iter().product()]).unwrap()
+}
+
+#[test]
+fn gated_delta_rule_rejects_mismatched_inputs() {
+    let b = CpuBackend::new();
+    let (q, k, v) = (zeros(&b, &[3, 2, 4]), zeros(&b, &[3, 2, 4]), zeros(&b, &[3, 4, 5]));
+    let (a, a_log, dt) = (zeros(&b, &[3, 4]), zeros(&b, &[4]), zeros(&b, &[4]));
+    let bad_b = zeros(&b, &[3, 3]);
+    let mut state = b.zeros_f32(&[4, 4, 5]).unwrap();
+    let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &bad_b, a_log: &a_log, dt_bias: &dt };
+    let err = b.gated_delta_rule(&inputs, &mut state, GdnMode::Chunked).unwrap_err().to_string();
+    assert!(err.contains("gated_delta_rule") && err.contains("[3, 3]"), "{err}");
+    // The same inputs with a state of the wrong shape.
+    let good = GdnInputs { b: &a, ..inputs };
+    let mut wrong_state = b.zeros_f32(&[4, 5, 4]).unwrap();
+    let err = b.gated_delta_rule(&good, &mut wrong_state, GdnMode::Recurrent).unwrap_err().to_string();
+    assert!(err.contains("state F32 [4, 5, 4]"), "{err}");
+    assert!(b.gated_delta_rule(&good, &mut state, GdnMode::Recurrent).is_ok());
+}
+
+#[test]
+fn attention_linear_and_norm_reject_mismatched_inputs() {
+    let b = CpuBackend::new();
+    let mut cache = b.new_kv_cache(2, 8, None).unwrap();
+    let params = AttentionParams { scale: 1.0, window: None };
+    // Three query heads cannot share two key/value heads.
+    let err = b.attention(&zeros(&b, &[1, 3, 8]), &zeros(&b, &[1, 2, 8]), &zeros(&b, &[1, 2, 8]), &mut cache, &params);
+    assert!(err.unwrap_err().to_string().contains("[1, 3, 8]"));
+    let w = Linear::new(&b, Weight::Dense(zeros(&b, &[6, 5])));
+    let err = b.linear(&zeros(&b, &[2, 4]), &w).unwrap_err().to_string();
+    assert!(err.contains("[2, 4]") && err.contains("[6, 5]"), "{err}");
+    let err = b.rms_norm(&zeros(&b, &[2, 4]), &zeros(&b, &[5]), 1e-6, NormKind::Plain).unwrap_err().to_string();
+    assert!(err.contains("rms_norm"), "{err}");
+}
