@@ -45,8 +45,8 @@ pub use alloc::{AllocMode, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
-pub use timing::DeviceTime;
-#[cfg(feature = "cuda")]
 pub use kv::CudaKvCache;
 #[cfg(feature = "cuda")]
 pub use moe::CudaExpertTable;
+#[cfg(feature = "cuda")]
+pub use timing::DeviceTime;
