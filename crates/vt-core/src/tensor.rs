@@ -45,6 +45,17 @@ impl<B: Backend> Tensor<B> {
         self.numel() / self.last_dim().max(1)
     }
 
+    /// `(tokens, heads, dim)` of a 3-D activation; the error names the op and the backend.
+    pub fn dims3(&self, backend: &'static str, op: &str) -> Result<(usize, usize, usize)> {
+        match *self.shape() {
+            [a, b, c] => Ok((a, b, c)),
+            _ => Err(Error::backend(
+                backend,
+                format!("{op}: expected a [tokens, heads, dim] tensor, found {:?}", self.shape()),
+            )),
+        }
+    }
+
     /// Same buffer, new shape with the same element count.
     pub fn reshape(self, shape: &[usize]) -> Result<Self> {
         if shape.iter().product::<usize>() != self.numel() {

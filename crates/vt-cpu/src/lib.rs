@@ -86,14 +86,6 @@ fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-/// `[t, heads, dim]` of a 3-D activation.
-fn dims3(t: &Tensor<CpuBackend>, op: &str) -> Result<(usize, usize, usize)> {
-    match *t.shape() {
-        [a, b, c] => Ok((a, b, c)),
-        _ => Err(err(format!("{op}: expected a [tokens, heads, dim] tensor, found {:?}", t.shape()))),
-    }
-}
-
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type KvCache = CpuKvCache;
@@ -249,7 +241,7 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
-        let (_, heads, dim) = dims3(x, "rope")?;
+        let (_, heads, dim) = x.dims3("cpu", "rope")?;
         check(rope.rotary_dim() <= dim, "rope", || format!("rotary dim {} exceeds head dim {dim}", rope.rotary_dim()))?;
         let mut out = vec![0.0; x.numel()];
         ops::rope::rope(f32s(x, "rope")?, heads, dim, start, rope, &mut out);
@@ -269,8 +261,8 @@ impl Backend for CpuBackend {
         cache: &mut CpuKvCache,
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        let (t, q_heads, head_dim) = dims3(q, "attention")?;
-        let (tk, kv_heads, dk) = dims3(k, "attention")?;
+        let (t, q_heads, head_dim) = q.dims3("cpu", "attention")?;
+        let (tk, kv_heads, dk) = k.dims3("cpu", "attention")?;
         check(
             tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0,
             "attention",

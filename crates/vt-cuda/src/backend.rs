@@ -76,13 +76,6 @@ pub(crate) fn act(t: &Tensor<CudaBackend>, op: &str) -> Result<u64> {
     Ok(t.buffer().ptr())
 }
 
-fn dims3(t: &Tensor<CudaBackend>, op: &str) -> Result<(usize, usize, usize)> {
-    match *t.shape() {
-        [a, b, c] => Ok((a, b, c)),
-        _ => Err(err(format!("{op}: expected a [tokens, heads, dim] tensor, found {:?}", t.shape()))),
-    }
-}
-
 fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
     let mut s = shape.to_vec();
     if let Some(l) = s.last_mut() {
@@ -458,7 +451,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
-        let (t, heads, dim) = dims3(x, "rope")?;
+        let (t, heads, dim) = x.dims3("cuda", "rope")?;
         let half = rope.inv_freq.len();
         check(2 * half <= dim && half <= MAX_ROPE_FREQS, "rope", || {
             format!("rotary dim {} with head dim {dim}", 2 * half)
