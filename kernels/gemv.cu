@@ -3,13 +3,15 @@
 // latency of those loads, not by FLOPs). Weights are bf16 (8 per chunk) or NVFP4 W4A16 (32 e2m1
 // codes per chunk, decoded in registers: Hopper has no fp4 MMA, and decode needs none).
 //
-// - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens.
+// - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
+//   weights that share the input in one launch (a mixer's projections).
 // - moe_dec_logits, moe_dec_gate_up_*, moe_dec_down_*: a whole MoE block for a few tokens in three
 //   launches: router (+ shared-expert gate) logits; routing + fused SwiGLU of every chosen expert
 //   and the shared expert; down projections + weighted combine. No host synchronisation: expert
 //   ids never leave the device; the expert table is the MoeExperts' resident WeightDesc array.
 
 #define GEMV_MAX_T 8
+#define GEMV_MAX_PARTS 4
 // Rows per warp in gemv_*: each x chunk loaded is used GEMV_ROWS times.
 #define GEMV_ROWS 2
 // Chunks each lane loads before it computes.
@@ -80,10 +82,10 @@ template <bool FP4, typename X> __device__ __forceinline__ void load_xchunk(cons
 // ---------------------------------------------------------------------------------------------
 // Dense linear layers: y[i, r] = x[i, :] . W[r, :] for i < t <= GEMV_MAX_T. Block: 128 threads
 // (4 warps); warp w of block b owns rows (4b + w) * GEMV_ROWS + [0, GEMV_ROWS). k % ELEMS == 0.
-template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t) {
+template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     typedef Fmt<FP4> F;
     int lane = threadIdx.x & 31;
-    int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * GEMV_ROWS;
+    int r0 = (block * 4 + (threadIdx.x >> 5)) * GEMV_ROWS;
     if (r0 >= n) return;
     long long rows[GEMV_ROWS];
 #pragma unroll
@@ -126,8 +128,26 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
     }
 }
 
-extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, WeightDesc w, int n, int t) { gemv<false>(y, x, w, n, t); }
-extern "C" __global__ void gemv_nvfp4(bf16* y, const bf16* x, WeightDesc w, int n, int t) { gemv<true>(y, x, w, n, t); }
+// Weights of one format that read the same input (vt-cuda's `GemvParts`, #[repr(C)]): part p
+// writes y[p] [t, n[p]] from blocks first_block[p] .. first_block[p + 1] (the last: to the grid's end).
+struct GemvParts {
+    WeightDesc w[GEMV_MAX_PARTS];
+    u64 y[GEMV_MAX_PARTS];
+    int n[GEMV_MAX_PARTS];
+    int first_block[GEMV_MAX_PARTS];
+    int parts;
+    int pad;
+};
+
+template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
+    int part = 0;
+    for (int i = 1; i < p.parts; i++)
+        if ((int)blockIdx.x >= p.first_block[i]) part = i;
+    gemv<FP4>((bf16*)p.y[part], x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+}
+
+extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<false>(p, x, t); }
+extern "C" __global__ void gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_parts<true>(p, x, t); }
 
 // ---------------------------------------------------------------------------------------------
 // MoE block decode.

@@ -254,6 +254,12 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>>;
 
     // ---- composites with a composed default (a backend overrides them to fuse) ----
+    /// `linear(x, w)` for each of `ws`: projections that read one input (a backend may stream
+    /// them in one pass).
+    fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
+        ws.iter().map(|w| self.linear(x, w)).collect()
+    }
+
     /// `x + y` and its RMSNorm: a residual update and the norm that follows it.
     fn add_rms_norm(
         &self,

@@ -305,7 +305,7 @@ impl Backend for CudaBackend {
         let (px, t) = (act(x, "linear")?, x.rows());
         let out = self.empty(DType::BF16, &with_last(x.shape(), n))?;
         let py = out.buffer().ptr();
-        if crate::gemv::gemv(self, px, t, &w.weight, py)? {
+        if crate::gemv::gemv(self, px, t, &[(&w.weight, py)])? {
             return Ok(out);
         }
         if let Weight::Dense(wt) = &w.weight {
@@ -334,6 +334,22 @@ impl Backend for CudaBackend {
         // of shared memory; desc describes the live [n, k] weight (validated at load).
         launched(unsafe { l.launch(cfg) }, "linear_rows")?;
         Ok(out)
+    }
+
+    fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
+        let k = x.last_dim();
+        if ws.iter().any(|w| w.weight.dims().1 != k) {
+            return ws.iter().map(|w| self.linear(x, w)).collect();
+        }
+        let outs = ws
+            .iter()
+            .map(|w| self.empty(DType::BF16, &with_last(x.shape(), w.weight.dims().0)))
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<_> = ws.iter().zip(&outs).map(|(w, o)| (&w.weight, o.buffer().ptr())).collect();
+        if crate::gemv::gemv(self, act(x, "linear")?, x.rows(), &parts)? {
+            return Ok(outs);
+        }
+        ws.iter().map(|w| self.linear(x, w)).collect()
     }
 
     fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {

@@ -1,8 +1,9 @@
 //! Linear layers for the few tokens of a decode step (kernels/gemv.cu): each weight row is
 //! streamed once with 16-byte loads and dotted with every token, where cuBLASLt's GEMMs would pay a
-//! heuristic query per call and tile shapes made for many tokens.
+//! heuristic query per call and tile shapes made for many tokens. Weights that read the same input
+//! (a mixer's projections) share one launch.
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use vt_core::{DType, Result, Weight};
 
 use crate::backend::{i32_of, launched};
@@ -11,8 +12,26 @@ use crate::CudaBackend;
 
 /// Most tokens of one GEMV call (`GEMV_MAX_T`).
 pub(crate) const MAX_T: usize = 8;
+/// Most weights of one launch (`GEMV_MAX_PARTS`).
+pub(crate) const MAX_PARTS: usize = 4;
 /// Rows per block: 4 warps of `GEMV_ROWS` = 2 rows.
 const ROWS_PER_BLOCK: usize = 8;
+
+/// `struct GemvParts` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvParts {
+    w: [WeightDesc; MAX_PARTS],
+    y: [u64; MAX_PARTS],
+    n: [i32; MAX_PARTS],
+    first_block: [i32; MAX_PARTS],
+    parts: i32,
+    pad: i32,
+}
+
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (4 x 32-byte WeightDesc, 4 u64,
+// 2 x 4 ints, 2 ints: 200 bytes, 8-byte aligned, no implicit padding).
+unsafe impl DeviceRepr for GemvParts {}
 
 /// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
 /// 32-code chunks) for `t` tokens; if so, which kernel.
@@ -26,24 +45,47 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Opti
     }
 }
 
-/// `y [t, n] = x [t, k] · Wᵀ` when the GEMV kernels take this weight and batch; `false` leaves
-/// `y` untouched for another path. `x` and `y` are device addresses of `t * k` and `t * n` bf16
-/// values, alive until the stream has run (the caller's tensors).
-pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, w: &Weight<CudaBackend>, y: u64) -> Result<bool> {
-    let Some(f) = kernel_for(b, w, t) else { return Ok(false) };
-    let n = w.dims().0;
-    let desc = WeightDesc::of(w, "linear")?;
-    let (ni, ti) = (i32_of(n, "linear outputs")?, t as i32);
+/// `y_p [t, n_p] = x [t, k] · W_pᵀ` for every `(W_p, y_p)` of `parts` in one launch, when the
+/// GEMV kernels take all the weights, in one format, for this batch; `false` leaves the outputs
+/// untouched for another path. `x` and each `y_p` are device addresses of `t * k` and `t * n_p`
+/// bf16 values, alive until the stream has run (the caller's tensors).
+pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)]) -> Result<bool> {
+    let Some(((first, _), rest)) = parts.split_first() else { return Ok(false) };
+    let Some(f) = kernel_for(b, first, t) else { return Ok(false) };
+    let k = first.dims().1;
+    let same = |w: &Weight<CudaBackend>| w.dims().1 == k && kernel_for(b, w, t).is_some_and(|g| std::ptr::eq(g, f));
+    if parts.len() > MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
+        return Ok(false);
+    }
+    let mut p = GemvParts {
+        w: [WeightDesc::of(first, "linear")?; MAX_PARTS],
+        y: [0; MAX_PARTS],
+        n: [0; MAX_PARTS],
+        first_block: [0; MAX_PARTS],
+        parts: parts.len() as i32,
+        pad: 0,
+    };
+    let mut blocks = 0;
+    for (i, (w, y)) in parts.iter().enumerate() {
+        let n = w.dims().0;
+        p.w[i] = WeightDesc::of(w, "linear")?;
+        p.y[i] = *y;
+        p.n[i] = i32_of(n, "linear outputs")?;
+        p.first_block[i] = i32_of(blocks, "linear blocks")?;
+        blocks += n.div_ceil(ROWS_PER_BLOCK);
+    }
+    let ti = t as i32;
     let mut l = b.stream().launch_builder(f);
-    l.arg(&y).arg(&x).arg(&desc).arg(&ni).arg(&ti);
+    l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+        grid_dim: (u32::try_from(blocks).map_err(|_| crate::backend::err("linear: too many rows"))?, 1, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16/gemv_nvfp4(bf16* y, const bf16* x, WeightDesc w, int n, int t): 128
-    // threads, 8 rows per block covering n; t <= GEMV_MAX_T; desc describes the live [n, k]
-    // weight whose rows are whole 16-byte chunks (kernel_for); x holds t * k, y t * n values.
+    // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 rows per
+    // block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
+    // desc describes a live [n_i, k] weight of this kernel's format whose rows are whole 16-byte
+    // chunks (kernel_for); x holds t * k values, each y[i] t * n[i].
     launched(unsafe { l.launch(cfg) }, "gemv")?;
     Ok(true)
 }

@@ -423,6 +423,27 @@ fn linear_decode_gemv_few_tokens() {
 }
 
 #[test]
+fn linear_many_shares_one_pass_over_the_input() {
+    let mut r = Rng(0x3a11);
+    let k = 256;
+    // A mixer's projections: outputs of different widths (one a single row, one a block tail) in
+    // one launch; then a mixed-format group, which the backend runs one weight at a time.
+    let bf16 = [(512, k), (37, k), (1, k), (96, k)].map(|(n, k)| HostWeight::bf16(&mut r, n, k));
+    let mixed = [HostWeight::nvfp4(&mut r, 64, k), HostWeight::bf16(&mut r, 40, k)];
+    for (group, ws) in [("bf16 x4", &bf16[..]), ("nvfp4 + bf16", &mixed[..])] {
+        for t in [1, 5] {
+            let x = r.vec(t * k, 2.0);
+            on_both!(&format!("linear_many {group} t={t}"), U, |b| {
+                let lins: Vec<_> = ws.iter().map(|w| Linear::new(b, w.upload(b))).collect();
+                let ys = b.linear_many(&act(b, &[t, k], &x), &lins.iter().collect::<Vec<_>>()).unwrap();
+                assert_eq!(ys.len(), ws.len());
+                ys.iter().flat_map(|y| out(b, y)).collect::<Vec<_>>()
+            });
+        }
+    }
+}
+
+#[test]
 fn moe_block_decode_every_router_format_and_shared_expert() {
     let mut r = Rng(0xdec0);
     // 40 experts: more than one per lane in the routing warp. 64 hidden, 32 intermediate: whole

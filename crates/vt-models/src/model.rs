@@ -342,19 +342,24 @@ impl<B: Backend> Model<B> {
         let s = &a.spec;
         let t = x.rows();
         let width = s.q_heads * s.head_dim;
+        // One pass over `x` for every projection that reads it (Laguna's softplus gate included).
+        let mut ws = vec![&a.q_proj, &a.k_proj, &a.v_proj];
+        ws.extend(&a.g_proj);
+        let mut projs = b.linear_many(x, &ws)?.into_iter();
+        let mut next = || projs.next().ok_or_else(|| Error::input("linear_many returned too few outputs"));
+        let (q, k, v) = (next()?, next()?, next()?);
+        let g_proj = a.g_proj.as_ref().map(|_| next()).transpose()?;
         let (q, gate) = match s.gate {
             AttnGate::SigmoidFromQProj => {
-                let qg = b.linear(x, &a.q_proj)?.reshape(&[t * s.q_heads, 2 * s.head_dim])?;
+                let qg = q.reshape(&[t * s.q_heads, 2 * s.head_dim])?;
                 let q = b.narrow_cols(&qg, 0, s.head_dim)?;
                 let g = b.narrow_cols(&qg, s.head_dim, s.head_dim)?.reshape(&[t, width])?;
                 (q, Some(g))
             }
-            _ => (b.linear(x, &a.q_proj)?, None),
+            _ => (q, None),
         };
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &a.q_norm, self.spec.eps, s.qk_norm)?;
-        let k = b.linear(x, &a.k_proj)?.reshape(&[t, s.kv_heads, s.head_dim])?;
-        let k = b.rms_norm(&k, &a.k_norm, self.spec.eps, s.qk_norm)?;
-        let v = b.linear(x, &a.v_proj)?;
+        let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &a.k_norm, self.spec.eps, s.qk_norm)?;
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
@@ -368,9 +373,9 @@ impl<B: Backend> Model<B> {
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
             b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
         })?;
-        let o = match (s.gate, gate, &a.g_proj) {
+        let o = match (s.gate, gate, g_proj) {
             (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
-            (AttnGate::Softplus { .. }, _, Some(g_proj)) => b.gate(&o, &b.linear(x, g_proj)?, GateAct::Softplus)?,
+            (AttnGate::Softplus { .. }, _, Some(g)) => b.gate(&o, &g, GateAct::Softplus)?,
             _ => o,
         };
         b.linear(&o, &a.o_proj)
@@ -387,9 +392,11 @@ impl<B: Backend> Model<B> {
         let s = &d.spec;
         let t = x.rows();
         let key_total = s.key_heads * s.key_dim;
-        let mut qkv_in = Some(b.linear(x, &d.in_proj_qkv)?);
-        let mut a = Some(b.linear(x, &d.in_proj_a)?);
-        let mut beta_in = Some(b.linear(x, &d.in_proj_b)?);
+        let [qkv_in, z, a, beta_in]: [Tensor<B>; 4] = b
+            .linear_many(x, &[&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_a, &d.in_proj_b])?
+            .try_into()
+            .map_err(|_| Error::input("linear_many returned too few outputs"))?;
+        let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
         let o = self.per_seq(spans, |i, sp| {
             let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
@@ -426,7 +433,7 @@ impl<B: Backend> Model<B> {
             b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])
         })?;
         let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
-        let z = b.linear(x, &d.in_proj_z)?.reshape(&[t * s.value_heads, s.value_dim])?;
+        let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
         let o = b.rms_norm_gated(&o, &z, &d.norm, self.spec.eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
         b.linear(&o, &d.out_proj)
     }
