@@ -5,10 +5,11 @@
 //
 // - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
 //   weights that share the input in one launch (a mixer's projections).
-// - moe_dec_logits, moe_dec_gate_up_*, moe_dec_down_*: a whole MoE block for a few tokens in three
-//   launches: router (+ shared-expert gate) logits; routing + fused SwiGLU of every chosen expert
-//   and the shared expert; down projections + weighted combine. No host synchronisation: expert
-//   ids never leave the device; the expert table is the MoeExperts' resident WeightDesc array.
+// - moe_dec_logits, moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: a whole MoE block for a few
+//   tokens in four launches: router (+ shared-expert gate) logits; routing (a block per token);
+//   fused SwiGLU of every chosen expert and the shared expert; down projections + weighted combine.
+//   No host synchronisation: expert ids never leave the device; the expert table is the
+//   MoeExperts' resident WeightDesc array.
 
 #define GEMV_MAX_T 8
 #define GEMV_MAX_PARTS 4
@@ -180,66 +181,89 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Routing of one token by one warp, as vt-cpu's `route`: ties go to the lower expert index, the
-// normaliser sums the chosen scores in choice order. Writes the k choices in ascending expert
-// order (the combine order) to ids/wts. n_exp <= MOE_DEC_MAX_EXP, top_k <= 32.
-__device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, float* wts) {
-    const int per = MOE_DEC_MAX_EXP / 32;
-    int lane = threadIdx.x & 31, n = ra.n_exp;
-    float sc[per], ch[per];
+// Shared memory of route_token.
+struct __align__(16) RouteScratch {
+    float choice[MOE_DEC_MAX_EXP];
+    float score[MOE_DEC_MAX_EXP];
+    float top_score[MOE_DEC_MAX_K];
+    int top_id[MOE_DEC_MAX_K];
+    float red[32];
+};
+
+// Max (or sum) over the block of one value per thread; every thread gets the result.
+template <bool MAX> __device__ float block_reduce(float v, float* red) {
+    v = MAX ? warp_max(v) : warp_sum(v);
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : (MAX ? __int_as_float(0xff800000) : 0.0f);
+    return MAX ? warp_max(v) : warp_sum(v);
+}
+
+// Routing of one token by the whole block, as vt-cpu's `route`: an expert's choice rank counts the
+// experts ahead of it (a higher choice value, or an equal one at a lower index); the normaliser
+// sums the chosen scores in rank order. Writes the k choices in ascending expert order (the
+// combine order) to ids/wts. n_exp <= MOE_DEC_MAX_EXP, top_k <= 32.
+__device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, float* wts, RouteScratch& rs) {
+    int n = ra.n_exp;
     if (ra.kind == 0) {
         float m = __int_as_float(0xff800000);
-#pragma unroll
-        for (int j = 0; j < per; j++)
-            if (lane + 32 * j < n) m = fmaxf(m, logits[lane + 32 * j]);
-        m = warp_max(m);
+        for (int e = threadIdx.x; e < n; e += blockDim.x) m = fmaxf(m, logits[e]);
+        m = block_reduce<true>(m, rs.red);
         float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < per; j++) {
-            sc[j] = lane + 32 * j < n ? expf(logits[lane + 32 * j] - m) : 0.0f;
-            sum += sc[j];
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float p = expf(logits[e] - m);
+            rs.score[e] = p;
+            sum += p;
         }
-        sum = warp_sum(sum);
-#pragma unroll
-        for (int j = 0; j < per; j++) ch[j] = sc[j] = sc[j] / sum;
+        sum = block_reduce<false>(sum, rs.red);
+        for (int e = threadIdx.x; e < n; e += blockDim.x) rs.choice[e] = rs.score[e] = rs.score[e] / sum;
     } else {
-#pragma unroll
-        for (int j = 0; j < per; j++) {
-            int e = lane + 32 * j;
-            float l = e < n ? logits[e] : 0.0f;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float l = logits[e];
             if (ra.softcap > 0.0f) l = ra.softcap * tanhf(l / ra.softcap);
-            sc[j] = sigmoidf(l);
-            ch[j] = sc[j] + (ra.bias && e < n ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
+            rs.score[e] = sigmoidf(l);
+            rs.choice[e] = rs.score[e] + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
         }
     }
-    unsigned taken = 0;
-    int my_id = 0x7fffffff;
-    float my_score = 0.0f, norm = 0.0f;
-    for (int s = 0; s < ra.top_k; s++) {
-        float bv = __int_as_float(0xff800000);
-        int be = 0x7fffffff;
-#pragma unroll
-        for (int j = 0; j < per; j++) {
-            int e = lane + 32 * j;
-            if (e < n && !((taken >> j) & 1u) && (ch[j] > bv || be == 0x7fffffff)) { bv = ch[j]; be = e; }
+    // A NaN choice ranks last, so ranks stay a permutation and every chosen id is an expert; the
+    // padding to whole float4s ranks after every expert.
+    int n4 = (n + 3) & ~3;
+    for (int e = threadIdx.x; e < n4; e += blockDim.x)
+        if (e >= n || isnan(rs.choice[e])) rs.choice[e] = __int_as_float(0xff800000);
+    __syncthreads();
+    const float4* c4 = (const float4*)rs.choice;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        float c = rs.choice[e];
+        int rank = 0;
+        // Four choices per shared load, eight loads in flight: the loop is latency-bound otherwise.
+#pragma unroll 8
+        for (int f4 = 0; f4 < n4 / 4; f4++) {
+            float4 o = c4[f4];
+            int f = 4 * f4;
+            rank += (o.x > c || (o.x == c && f < e)) + (o.y > c || (o.y == c && f + 1 < e)) +
+                    (o.z > c || (o.z == c && f + 2 < e)) + (o.w > c || (o.w == c && f + 3 < e));
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe != 0x7fffffff && (be == 0x7fffffff || ov > bv || (ov == bv && oe < be))) { bv = ov; be = oe; }
+        if (rank < ra.top_k) {
+            rs.top_id[rank] = e;
+            rs.top_score[rank] = rs.score[e];
         }
-        float mine = 0.0f;
-#pragma unroll
-        for (int j = 0; j < per; j++)
-            if ((be & 31) == lane && (be >> 5) == j) { taken |= 1u << j; mine = sc[j]; }
-        float score = __shfl_sync(0xffffffffu, mine, be & 31);
-        norm += score;
-        if (lane == s) { my_id = be; my_score = score; }
     }
-    float w = my_score / (ra.renorm ? norm : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
-    int rank = 0;
-    for (int s = 0; s < ra.top_k; s++) rank += __shfl_sync(0xffffffffu, my_id, s) < my_id;
-    if (lane < ra.top_k) { ids[rank] = my_id; wts[rank] = w; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float norm = 0.0f;
+        for (int r = 0; r < ra.top_k; r++) norm += rs.top_score[r];
+        rs.red[0] = norm;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < ra.top_k) {
+        int id = rs.top_id[threadIdx.x], pos = 0;
+        for (int r = 0; r < ra.top_k; r++) pos += rs.top_id[r] < id;
+        ids[pos] = id;
+        wts[pos] = rs.top_score[threadIdx.x] / (ra.renorm ? rs.red[0] : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
+    }
+    __syncthreads();
 }
 
 // logits[i, e] (f32, [t, n_exp + 1]) = x[i] . router[e]; column n_exp = x[i] . gate[0] when
@@ -280,95 +304,102 @@ extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDe
     }
 }
 
-// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot): slots 0..top_k-1 are
-// the token's chosen experts in ascending order (fused gate/up rows 2u, 2u + 1 of table[2e]),
-// slot top_k the shared expert (rows u of its gate and up). Also records each slot's expert and
-// combine weight for the down kernel. Grid: (t * slots, ceil(inter / 8)), 256 threads: one warp
-// per unit u. Every block routes its token (a warp's work on 256 logits: cheaper than a launch).
-template <bool FP4>
-__device__ void moe_dec_gate_up(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x, const WeightDesc* table,
-                                const SharedDesc& sh, const RouteArgs& ra, int slots, int inter) {
-    typedef Fmt<FP4> F;
-    __shared__ int ids[MOE_DEC_MAX_K];
-    __shared__ float wts[MOE_DEC_MAX_K];
-    int tok = blockIdx.x / slots, s = blockIdx.x % slots, lane = threadIdx.x & 31;
+// Routing of token blockIdx.x: slot_ids / slot_w [t, slots] get its chosen experts in ascending
+// order, then -1 and the shared expert's multiplier when `slots` exceeds top_k. 128 threads.
+extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
+    __shared__ RouteScratch rs;
+    int tok = blockIdx.x;
     const float* lg = logits + (long long)tok * (ra.n_exp + 1);
-    if (s < ra.top_k) {
-        if (threadIdx.x < 32) route_token(lg, ra, ids, wts);
-        __syncthreads();
+    route_token(lg, ra, slot_ids + tok * slots, slot_w + tok * slots, rs);
+    if (threadIdx.x == 0 && slots > ra.top_k) {
+        slot_ids[tok * slots + ra.top_k] = -1;
+        slot_w[tok * slots + ra.top_k] = gated ? sigmoidf(lg[ra.n_exp]) : 1.0f;
     }
-    int u = blockIdx.y * 8 + (threadIdx.x >> 5);
-    bool routed = s < ra.top_k;
-    if (blockIdx.y == 0 && threadIdx.x == 0) {
-        slot_ids[blockIdx.x] = routed ? ids[s] : -1;
-        slot_w[blockIdx.x] = routed ? wts[s] : (sh.gated ? sigmoidf(lg[ra.n_exp]) : 1.0f);
-    }
-    if (u >= inter) return;
-    WeightDesc g = routed ? table[2 * ids[s]] : sh.gate;
-    WeightDesc up = routed ? g : sh.up;
-    long long gr = routed ? 2 * u : u, ur = routed ? 2 * u + 1 : u;
-    const bf16* xt = x + (long long)tok * g.k;
-    int nc = g.k / F::ELEMS, total = 2 * nc;
-    float ag = 0.0f, au = 0.0f;
-    for (int i0 = lane; i0 < total; i0 += 32 * CHUNKS) {
-        uint4 v[CHUNKS];
-        unsigned sc[CHUNKS];
-#pragma unroll
-        for (int j = 0; j < CHUNKS; j++) {
-            int i = i0 + 32 * j;
-            if (i < total) {
-                if (i < nc) F::load(g, gr, i, v[j], sc[j]);
-                else F::load(up, ur, i - nc, v[j], sc[j]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < CHUNKS; j++) {
-            int i = i0 + 32 * j;
-            if (i >= total) break;
-            float xf[F::ELEMS];
-            load_xchunk<FP4>(xt, i < nc ? i : i - nc, xf);
-            float d = F::dot(v[j], sc[j], xf);
-            if (i < nc) ag += d;
-            else au += d;
-        }
-    }
-    ag = warp_sum(ag) * F::row_scale(g, gr);
-    au = warp_sum(au) * F::row_scale(up, ur);
-    if (lane == 0) act[(long long)blockIdx.x * inter + u] = silu(ag) * au;
 }
 
-// out[i, r] = sum over token i's slots, in slot order, of slot_w * (down_slot[r] . act[slot]).
-// Grid: (t, ceil(hidden / 8)), 256 threads: one warp per output row.
+// Chunks each lane of the MoE kernels loads before it computes: with a warp per gate or up row
+// (2048 bf16) or per quarter of a down row's slots, one round of loads.
+#define MOE_CHUNKS 8
+
+// Dot of row `row` of w with the chunks [c0, c1) of x (f32 or bf16), by one warp; every lane
+// gets the sum. Loads MOE_CHUNKS chunks per lane before any arithmetic.
+template <bool FP4, typename X>
+__device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, const X* x, int c0, int c1) {
+    typedef Fmt<FP4> F;
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int i0 = c0 + lane; i0 < c1; i0 += 32 * MOE_CHUNKS) {
+        uint4 v[MOE_CHUNKS];
+        unsigned sc[MOE_CHUNKS];
+#pragma unroll
+        for (int j = 0; j < MOE_CHUNKS; j++)
+            if (i0 + 32 * j < c1) F::load(w, row, i0 + 32 * j, v[j], sc[j]);
+#pragma unroll
+        for (int j = 0; j < MOE_CHUNKS; j++) {
+            if (i0 + 32 * j >= c1) break;
+            float xf[F::ELEMS];
+            load_xchunk<FP4>(x, i0 + 32 * j, xf);
+            acc += F::dot(v[j], sc[j], xf);
+        }
+    }
+    return warp_sum(acc) * F::row_scale(w, row);
+}
+
+// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
+// expert (fused gate/up rows 2u, 2u + 1 of table[2e]) or -1, the shared expert (rows u of its gate
+// and up). Grid: (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1 take the gate and
+// the up row of unit 2 * blockIdx.y + j.
+template <bool FP4>
+__device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
+                                int slots, int inter) {
+    __shared__ float up_dot[2];
+    int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
+    int u = blockIdx.y * 2 + (warp >> 1);
+    int id = slot_ids[blockIdx.x];
+    bool routed = id >= 0;
+    float d = 0.0f;
+    if (u < inter) {
+        WeightDesc w = routed ? table[2 * id] : (half ? sh.up : sh.gate);
+        long long row = routed ? 2 * u + half : u;
+        d = warp_dot<FP4>(w, row, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS);
+        if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
+    }
+    __syncthreads();
+    if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];
+}
+
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]). Grid: (t, hidden),
+// 128 threads: the 4 warps split row r's (slot, chunk) range in quarters, summed in warp order.
 template <bool FP4>
 __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                              const SharedDesc& sh, int slots, int hidden, int inter) {
     typedef Fmt<FP4> F;
     __shared__ WeightDesc dn[MOE_DEC_MAX_K + 1];
     __shared__ float mul[MOE_DEC_MAX_K + 1];
-    int tok = blockIdx.x, lane = threadIdx.x & 31;
-    int r = blockIdx.y * 8 + (threadIdx.x >> 5);
-    if (threadIdx.x < slots) {
-        int id = slot_ids[tok * slots + threadIdx.x];
-        dn[threadIdx.x] = id >= 0 ? table[2 * id + 1] : sh.down;
-        mul[threadIdx.x] = slot_w[tok * slots + threadIdx.x] * F::row_scale(dn[threadIdx.x], 0);
+    __shared__ float part[4];
+    int tok = blockIdx.x, r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int sl = threadIdx.x; sl < slots; sl += blockDim.x) {
+        int id = slot_ids[tok * slots + sl];
+        dn[sl] = id >= 0 ? table[2 * id + 1] : sh.down;
+        mul[sl] = slot_w[tok * slots + sl] * F::row_scale(dn[sl], 0);
     }
     __syncthreads();
-    if (r >= hidden) return;
     const float* at = act + (long long)tok * slots * inter;
-    int nc = inter / F::ELEMS, total = slots * nc;
+    int nc = inter / F::ELEMS, total = slots * nc, quarter = (total + 3) / 4;
+    int i1 = min(total, (warp + 1) * quarter);
     float acc = 0.0f;
-    for (int i0 = lane; i0 < total; i0 += 32 * CHUNKS) {
-        uint4 v[CHUNKS];
-        unsigned sc[CHUNKS];
+    for (int i0 = warp * quarter + lane; i0 < i1; i0 += 32 * MOE_CHUNKS) {
+        uint4 v[MOE_CHUNKS];
+        unsigned sc[MOE_CHUNKS];
 #pragma unroll
-        for (int j = 0; j < CHUNKS; j++) {
+        for (int j = 0; j < MOE_CHUNKS; j++) {
             int i = i0 + 32 * j;
-            if (i < total) F::load(dn[i / nc], r, i % nc, v[j], sc[j]);
+            if (i < i1) F::load(dn[i / nc], r, i % nc, v[j], sc[j]);
         }
 #pragma unroll
-        for (int j = 0; j < CHUNKS; j++) {
+        for (int j = 0; j < MOE_CHUNKS; j++) {
             int i = i0 + 32 * j;
-            if (i >= total) break;
+            if (i >= i1) break;
             int sl = i / nc;
             float xf[F::ELEMS];
             load_xchunk<FP4>(at + (long long)sl * inter, i % nc, xf);
@@ -376,16 +407,18 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) out[(long long)tok * hidden + r] = f2bf(acc);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) out[(long long)tok * hidden + r] = f2bf(((part[0] + part[1]) + part[2]) + part[3]);
 }
 
-extern "C" __global__ void moe_dec_gate_up_bf16(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x,
-                                                const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter) {
-    moe_dec_gate_up<false>(act, slot_ids, slot_w, logits, x, table, sh, ra, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
+                                                int slots, int inter) {
+    moe_dec_gate_up<false>(act, slot_ids, x, table, sh, slots, inter);
 }
-extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, int* slot_ids, float* slot_w, const float* logits, const bf16* x,
-                                                 const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter) {
-    moe_dec_gate_up<true>(act, slot_ids, slot_w, logits, x, table, sh, ra, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
+                                                 int slots, int inter) {
+    moe_dec_gate_up<true>(act, slot_ids, x, table, sh, slots, inter);
 }
 extern "C" __global__ void moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
                                              const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter) {

@@ -1,7 +1,7 @@
-//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu, `moe_dec_*`), in three
-//! launches and no host synchronisation: router and shared-expert-gate logits; routing (per block,
-//! on the device) with the fused SwiGLU of each chosen expert and the shared expert; down
-//! projections with the weighted combine. Experts are read through the `MoeExperts`' resident
+//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu, `moe_dec_*`), in four
+//! launches and no host synchronisation: router and shared-expert-gate logits; routing on the
+//! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
+//! the weighted combine. Experts are read through the `MoeExperts`' resident
 //! expert table (moe.rs), the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -68,8 +68,8 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     fp4
 }
 
-/// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format,
-/// a shared expert of the routed experts' width); `None` sends the caller to the composed ops.
+/// The fused block when the kernels take it (t <= GEMV_MAX_T, hidden <= 65535 (a grid dimension),
+/// bf16 router, one expert format, a shared expert of the routed experts' width); `None` sends the caller to the composed ops.
 pub(crate) fn moe_block(
     b: &CudaBackend,
     x: &Tensor<CudaBackend>,
@@ -92,6 +92,7 @@ pub(crate) fn moe_block(
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MAX_T).contains(&t)
         && x.last_dim() == h
+        && h <= 65535
         && n_exp <= MAX_EXPERTS
         && (1..=MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
@@ -135,9 +136,9 @@ pub(crate) fn moe_block(
     let p_w = p_ids + 4 * n_slots as u64;
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
-    let (ti, ne, gated, si, ii, hi) =
-        (t as i32, n_exp as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
+    let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
 
+    let (ne, hi) = (n_exp as i32, i32_of(h, "hidden")?);
     let mut l = b.stream().launch_builder(&b.k().moe_dec_logits);
     l.arg(&p_logits).arg(&px).arg(&router_desc).arg(&gate_desc).arg(&ne).arg(&gated).arg(&ti);
     let cfg = LaunchConfig {
@@ -150,30 +151,38 @@ pub(crate) fn moe_block(
     // with h % 8 == 0 (checked); logits holds t * (n_exp + 1) floats, x t * h values, t <= 8.
     launched(unsafe { l.launch(cfg) }, "moe_dec_logits")?;
 
+    let mut l = b.stream().launch_builder(&b.k().moe_dec_route);
+    l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
+    // int gated, int slots): a block per token; logits [t, n_exp + 1] written by the previous
+    // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
+    launched(unsafe { l.launch(cfg) }, "moe_dec_route")?;
+
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
     let mut l = b.stream().launch_builder(gate_up);
-    l.arg(&p_act).arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&px).arg(&table).arg(&sh).arg(&ra).arg(&si).arg(&ii);
+    l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
-        grid_dim: ((t * slots) as u32, inter.div_ceil(8) as u32, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: ((t * slots) as u32, inter.div_ceil(2) as u32, 1),
+        block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: moe_dec_gate_up_*(float* act, int* slot_ids, float* slot_w, const float* logits,
-    // const bf16* x, const WeightDesc* table, SharedDesc sh, RouteArgs ra, int slots, int inter):
-    // grid (t * slots, inter / 8) of 256 threads; the table has 2 * n_exp descs (fused gate/up
-    // [2 * inter, h], down [h, inter]) of the one format `fp4` names, as are the shared expert's
-    // [inter, h] / [h, inter] (checked); n_exp <= 512, top_k <= 32; scratch sized above.
+    // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
+    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of 128 threads; slot
+    // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
+    // 2 * n_exp descs (fused gate/up [2 * inter, h], down [h, inter]) of the one format `fp4`
+    // names, as are the shared expert's [inter, h] / [h, inter] (checked); act holds
+    // t * slots * inter floats.
     launched(unsafe { l.launch(cfg) }, "moe_dec_gate_up")?;
 
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
     let mut l = b.stream().launch_builder(down);
     l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&si).arg(&hi).arg(&ii);
-    let cfg =
-        LaunchConfig { grid_dim: (t as u32, h.div_ceil(8) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (t as u32, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-    // const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter): grid (t, h / 8) of
-    // 256 threads (slots <= 33 fit the first threads); slot ids are experts < n_exp or -1 for the
-    // shared expert (written by the previous kernel on this stream); out holds t * h values.
+    // const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter): grid (t, h) of 128
+    // threads; slot ids are experts < n_exp or -1 for the shared expert (written on this stream
+    // before); out holds t * h values.
     launched(unsafe { l.launch(cfg) }, "moe_dec_down")?;
     Ok(Some(out))
 }
