@@ -5,6 +5,7 @@
 // Grid: one block per row, 256 threads.
 extern "C" __global__ void add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w, int wdt, int d,
                                         float eps, float offset) {
+    grid_dep_trigger();
     long long base = (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {

@@ -10,6 +10,7 @@ extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const
 
 // x / rms(x) * (offset + w). Grid: one block per row.
 extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps, float offset) {
+    grid_dep_trigger();
     const bf16* row = x + (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
@@ -20,6 +21,7 @@ extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int
 
 // w * (x / rms(x)) * silu(z). Grid: one block per row.
 extern "C" __global__ void rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt, int d, float eps) {
+    grid_dep_trigger();
     long long base = (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(x[base + j]); ss += v * v; }
@@ -40,6 +42,7 @@ extern "C" __global__ void swiglu(bf16* out, const bf16* g, const bf16* u, long 
 
 // out[i] = x[i] * act(g[i / per]); act 0 = sigmoid, 1 = softplus.
 extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act) {
+    grid_dep_trigger();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gv = bf2f(g[i / per]);

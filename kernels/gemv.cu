@@ -97,14 +97,20 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.0f;
     int nc = w.k / F::ELEMS;
-    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
-        uint4 v[CHUNKS][GEMV_ROWS];
-        unsigned s[CHUNKS][GEMV_ROWS];
+    uint4 v[CHUNKS][GEMV_ROWS];
+    unsigned s[CHUNKS][GEMV_ROWS];
+    auto load_round = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++)
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++)
                 if (c0 + 32 * u < nc) F::load(w, rows[r], c0 + 32 * u, v[u][r], s[u][r]);
+    };
+    // The first round of weights is in flight before the previous kernel (which writes x) ends.
+    load_round(lane);
+    grid_dep_wait();
+    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
+        if (c0 != lane) load_round(c0);
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++) {
             if (c0 + 32 * u >= nc) break;
@@ -141,6 +147,7 @@ struct GemvParts {
 };
 
 template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
+    grid_dep_trigger();
     int part = 0;
     for (int i = 1; i < p.parts; i++)
         if ((int)blockIdx.x >= p.first_block[i]) part = i;
@@ -270,6 +277,7 @@ __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, 
 // `gated`. bf16 weights. Block: 128 threads, one warp per row.
 extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate, int n_exp, int gated, int t) {
     typedef Fmt<false> F;
+    grid_dep_trigger();
     int lane = threadIdx.x & 31, r = blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= n_exp + gated) return;
     WeightDesc w = r < n_exp ? router : gate;
@@ -278,12 +286,17 @@ extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDe
 #pragma unroll
     for (int i = 0; i < GEMV_MAX_T; i++) acc[i] = 0.0f;
     int nc = w.k / F::ELEMS;
-    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
-        uint4 v[CHUNKS];
-        unsigned s[CHUNKS];
+    uint4 v[CHUNKS];
+    unsigned s[CHUNKS];
+    auto load_round = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++)
             if (c0 + 32 * u < nc) F::load(w, row, c0 + 32 * u, v[u], s[u]);
+    };
+    load_round(lane);
+    grid_dep_wait();
+    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
+        if (c0 != lane) load_round(c0);
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++) {
             if (c0 + 32 * u >= nc) break;
@@ -308,6 +321,8 @@ extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDe
 // order, then -1 and the shared expert's multiplier when `slots` exceeds top_k. 128 threads.
 extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
     __shared__ RouteScratch rs;
+    grid_dep_trigger();
+    grid_dep_wait();
     int tok = blockIdx.x;
     const float* lg = logits + (long long)tok * (ra.n_exp + 1);
     route_token(lg, ra, slot_ids + tok * slots, slot_w + tok * slots, rs);
@@ -353,6 +368,8 @@ template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
                                 int slots, int inter) {
     __shared__ float up_dot[2];
+    grid_dep_trigger();
+    grid_dep_wait();
     int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
     int u = blockIdx.y * 2 + (warp >> 1);
     int id = slot_ids[blockIdx.x];
@@ -377,6 +394,7 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     __shared__ WeightDesc dn[MOE_DEC_MAX_K + 1];
     __shared__ float mul[MOE_DEC_MAX_K + 1];
     __shared__ float part[4];
+    grid_dep_wait();
     int tok = blockIdx.x, r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int sl = threadIdx.x; sl < slots; sl += blockDim.x) {
         int id = slot_ids[tok * slots + sl];

@@ -1,12 +1,13 @@
 //! Linear layers for the few tokens of a decode step (kernels/gemv.cu): each weight row is
 //! streamed once with 16-byte loads and dotted with every token, where cuBLASLt's GEMMs would pay a
 //! heuristic query per call and tile shapes made for many tokens. Weights that read the same input
-//! (a mixer's projections) share one launch.
+//! (a mixer's projections) share one launch, which overlaps the previous kernel's end (launch.rs).
 
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
 use vt_core::{DType, Result, Weight};
 
-use crate::backend::{i32_of, launched};
+use crate::backend::i32_of;
+use crate::launch::Overlapped;
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
@@ -75,7 +76,7 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         blocks += n.div_ceil(ROWS_PER_BLOCK);
     }
     let ti = t as i32;
-    let mut l = b.stream().launch_builder(f);
+    let mut l = Overlapped::new(b, f);
     l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
         grid_dim: (u32::try_from(blocks).map_err(|_| crate::backend::err("linear: too many rows"))?, 1, 1),
@@ -85,7 +86,8 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
     // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 rows per
     // block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
     // desc describes a live [n_i, k] weight of this kernel's format whose rows are whole 16-byte
-    // chunks (kernel_for); x holds t * k values, each y[i] t * n[i].
-    launched(unsafe { l.launch(cfg) }, "gemv")?;
+    // chunks (kernel_for); x holds t * k values, each y[i] t * n[i]. The kernel reads only weights
+    // before grid_dep_wait.
+    unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
 }

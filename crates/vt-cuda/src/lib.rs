@@ -32,6 +32,8 @@ mod kernels;
 #[cfg(feature = "cuda")]
 mod kv;
 #[cfg(feature = "cuda")]
+mod launch;
+#[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
 mod moe_decode;

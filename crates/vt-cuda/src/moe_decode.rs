@@ -1,14 +1,17 @@
 //! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu, `moe_dec_*`), in four
 //! launches and no host synchronisation: router and shared-expert-gate logits; routing on the
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
-//! the weighted combine. Experts are read through the `MoeExperts`' resident
-//! expert table (moe.rs), the shared expert through its own weights.
+//! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: the logits
+//! kernel reads only router weights before it waits, the others nothing). Experts are read
+//! through the `MoeExperts`' resident expert table (moe.rs), the shared expert through its own
+//! weights.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
-use crate::backend::{act, i32_of, launched};
+use crate::backend::{act, i32_of};
 use crate::gemv::MAX_T;
+use crate::launch::Overlapped;
 use crate::moe::{build_table, router_args};
 use crate::weight::{float_code, WeightDesc};
 use crate::CudaBackend;
@@ -139,7 +142,7 @@ pub(crate) fn moe_block(
     let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
 
     let (ne, hi) = (n_exp as i32, i32_of(h, "hidden")?);
-    let mut l = b.stream().launch_builder(&b.k().moe_dec_logits);
+    let mut l = Overlapped::new(b, &b.k().moe_dec_logits);
     l.arg(&p_logits).arg(&px).arg(&router_desc).arg(&gate_desc).arg(&ne).arg(&gated).arg(&ti);
     let cfg = LaunchConfig {
         grid_dim: ((n_exp + gated as usize).div_ceil(4) as u32, 1, 1),
@@ -149,18 +152,18 @@ pub(crate) fn moe_block(
     // SAFETY: moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate,
     // int n_exp, int gated, int t): one warp per row of n_exp + gated; both descs are bf16 [_, h]
     // with h % 8 == 0 (checked); logits holds t * (n_exp + 1) floats, x t * h values, t <= 8.
-    launched(unsafe { l.launch(cfg) }, "moe_dec_logits")?;
+    unsafe { l.launch(cfg, "moe_dec_logits")? };
 
-    let mut l = b.stream().launch_builder(&b.k().moe_dec_route);
+    let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
     // int gated, int slots): a block per token; logits [t, n_exp + 1] written by the previous
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
-    launched(unsafe { l.launch(cfg) }, "moe_dec_route")?;
+    unsafe { l.launch(cfg, "moe_dec_route")? };
 
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
-    let mut l = b.stream().launch_builder(gate_up);
+    let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(2) as u32, 1),
@@ -173,16 +176,16 @@ pub(crate) fn moe_block(
     // 2 * n_exp descs (fused gate/up [2 * inter, h], down [h, inter]) of the one format `fp4`
     // names, as are the shared expert's [inter, h] / [h, inter] (checked); act holds
     // t * slots * inter floats.
-    launched(unsafe { l.launch(cfg) }, "moe_dec_gate_up")?;
+    unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
-    let mut l = b.stream().launch_builder(down);
+    let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&si).arg(&hi).arg(&ii);
     let cfg = LaunchConfig { grid_dim: (t as u32, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
     // const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter): grid (t, h) of 128
     // threads; slot ids are experts < n_exp or -1 for the shared expert (written on this stream
     // before); out holds t * h values.
-    launched(unsafe { l.launch(cfg) }, "moe_dec_down")?;
+    unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }

@@ -1,0 +1,65 @@
+//! Programmatic dependent launch (Hopper): `Overlapped` launches a kernel that may start while the
+//! previous kernel on the stream is still finishing, so a decode kernel's weight loads (which no
+//! kernel writes) overlap its predecessor's tail and launch latency. Such a kernel must execute
+//! `grid_dep_wait()` (kernels/common.cuh) before it reads anything an earlier kernel wrote or
+//! writes anything an earlier kernel reads; every kernel launched here does.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{sys, CudaFunction, DeviceRepr, LaunchConfig};
+use vt_core::Result;
+
+use crate::alloc::driver_err;
+use crate::CudaBackend;
+
+/// A kernel's arguments, collected as cudarc's launch builder does, for `cuLaunchKernelEx`.
+pub(crate) struct Overlapped<'a> {
+    b: &'a CudaBackend,
+    f: &'a CudaFunction,
+    args: Vec<*mut c_void>,
+}
+
+impl<'a> Overlapped<'a> {
+    pub(crate) fn new(b: &'a CudaBackend, f: &'a CudaFunction) -> Self {
+        Overlapped { b, f, args: Vec::new() }
+    }
+
+    /// The next argument, in the order of the kernel's C signature; it must outlive the launch.
+    pub(crate) fn arg<T: DeviceRepr>(&mut self, v: &'a T) -> &mut Self {
+        self.args.push(v as *const T as *mut c_void);
+        self
+    }
+
+    /// Queues the kernel on the backend's stream.
+    ///
+    /// # Safety
+    /// As cudarc's `LaunchArgs::launch`: the arguments match the kernel's signature and every
+    /// address they carry is valid for what the kernel does with it; in addition the kernel waits
+    /// (`grid_dep_wait`) before it touches memory an earlier kernel writes or reads.
+    pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig, kernel: &str) -> Result<()> {
+        let stream = self.b.stream();
+        stream.context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: all-zero is a valid launch attribute (a union of plain integers); the id and
+        // value set below ask for programmatic stream serialisation.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and `attr` live across the call; `args` points at one live value per
+        // kernel parameter (the caller's contract), which the driver copies before returning.
+        unsafe { sys::cuLaunchKernelEx(&config, self.f.cu_function(), self.args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| driver_err(&format!("launching {kernel}"), e))
+    }
+}
