@@ -10,7 +10,6 @@
 extern "C" __global__ void add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w, int wdt, int d,
                                         float eps, float offset) {
     grid_dep_trigger();
-    grid_dep_wait();
     long long base = (long long)blockIdx.x * d;
     float kept[ADD_NORM_KEEP];
     float ss = 0.0f;

@@ -3,8 +3,6 @@
 
 // out[i, :] = table[ids[i], :]. Grid: one block per token.
 extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden) {
-    grid_dep_trigger();
-    grid_dep_wait();
     long long row = ids[blockIdx.x];
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
         out[(long long)blockIdx.x * hidden + j] = f2bf(ld(table, dt, row * hidden + j));
@@ -13,7 +11,6 @@ extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const
 // x / rms(x) * (offset + w). Grid: one block per row.
 extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps, float offset) {
     grid_dep_trigger();
-    grid_dep_wait();
     const bf16* row = x + (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
@@ -25,7 +22,6 @@ extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int
 // w * (x / rms(x)) * silu(z). Grid: one block per row.
 extern "C" __global__ void rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt, int d, float eps) {
     grid_dep_trigger();
-    grid_dep_wait();
     long long base = (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(x[base + j]); ss += v * v; }
@@ -47,7 +43,6 @@ extern "C" __global__ void swiglu(bf16* out, const bf16* g, const bf16* u, long 
 // out[i] = x[i] * act(g[i / per]); act 0 = sigmoid, 1 = softplus.
 extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act) {
     grid_dep_trigger();
-    grid_dep_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gv = bf2f(g[i / per]);
@@ -56,8 +51,6 @@ extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long lo
 
 // Columns start..start+len of x [rows, width]. Grid covers rows * len elements.
 extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows, int width, int start, int len) {
-    grid_dep_trigger();
-    grid_dep_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * len) return;
     long long r = i / len;
@@ -68,8 +61,6 @@ extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows,
 struct RopeFreqs { float f[128]; };
 
 extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int d, int start, int half, RopeFreqs inv, float scaling) {
-    grid_dep_trigger();
-    grid_dep_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * heads * d) return;
     int j = (int)(i % d);

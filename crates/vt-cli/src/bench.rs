@@ -60,8 +60,8 @@ pub fn load<B: Backend>(backend: &B, dir: &Path, format: LoadFormat, layers: Opt
 }
 
 /// Copy bandwidth (bytes read + written per second) of a 64M-element activation tensor (larger
-/// than any cache): the time of 25 back-to-back copies minus that of 5, each run ended by one
-/// wait, so the wait's latency and the first copy's allocation (mapping fresh memory) cancel out.
+/// than any cache): back-to-back copies for about 50 ms (5 to 200 of them), one wait at the end,
+/// so the wait's latency and the first copy's allocation (mapping fresh memory) weigh little.
 fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     let (rows, width, dtype) = (1 << 13, 8192, b.activation_dtype());
     let big = b.random(dtype, &[rows, width], 1, 1.0)?;
@@ -75,8 +75,8 @@ fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
         b.to_f32(&b.slice_rows(&last, 0, 1)?)?; // waits for the copies
         Ok(t0.elapsed().as_secs_f64())
     };
-    let (few, many) = (copies(5)?, copies(25)?);
-    Ok(2.0 * (20 * dtype.bytes_for(rows * width).unwrap_or(0)) as f64 / (many - few).max(f64::MIN_POSITIVE))
+    let n = ((0.05 / copies(1)?) as usize).clamp(5, 200);
+    Ok(2.0 * (n * dtype.bytes_for(rows * width).unwrap_or(0)) as f64 / copies(n)?)
 }
 
 pub struct Shape {

@@ -1,9 +1,8 @@
 //! Programmatic dependent launch (Hopper): `Overlapped` launches a kernel that may start while the
-//! previous kernel on the stream is still finishing. Every kernel of a decode step is launched so:
-//! its blocks are resident by the time its predecessor ends, and the GEMV and MoE-logits kernels
-//! have their first weight loads (which no kernel writes) in flight by then. Such a kernel must
-//! execute `grid_dep_wait()` (kernels/common.cuh) before it reads anything an earlier kernel wrote
-//! or writes anything an earlier kernel reads; every kernel launched here does.
+//! previous kernel on the stream is still finishing, so a decode kernel's weight loads (which no
+//! kernel writes) overlap its predecessor's tail and launch latency. Such a kernel must execute
+//! `grid_dep_wait()` (kernels/common.cuh) before it reads anything an earlier kernel wrote or
+//! writes anything an earlier kernel reads; every kernel launched here does.
 
 use std::ffi::c_void;
 
