@@ -2,7 +2,9 @@
 //! previous kernel on the stream is still finishing, so a decode kernel's weight loads (which no
 //! kernel writes) overlap its predecessor's tail and launch latency. Such a kernel must execute
 //! `grid_dep_wait()` (kernels/common.cuh) before it reads anything an earlier kernel wrote or
-//! writes anything an earlier kernel reads; every kernel launched here does.
+//! writes anything an earlier kernel reads; every kernel launched here does. What they read before
+//! the wait are weights, which kernels write only while a model loads (dummy weights, expert
+//! tables) and never as the kernel right before one that reads them.
 
 use std::ffi::c_void;
 
