@@ -337,17 +337,16 @@ impl Backend for CudaBackend {
     }
 
     fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
-        let k = x.last_dim();
-        if ws.iter().any(|w| w.weight.dims().1 != k) {
-            return ws.iter().map(|w| self.linear(x, w)).collect();
-        }
-        let outs = ws
-            .iter()
-            .map(|w| self.empty(DType::BF16, &with_last(x.shape(), w.weight.dims().0)))
-            .collect::<Result<Vec<_>>>()?;
-        let parts: Vec<_> = ws.iter().zip(&outs).map(|(w, o)| (&w.weight, o.buffer().ptr())).collect();
-        if crate::gemv::gemv(self, act(x, "linear")?, x.rows(), &parts)? {
-            return Ok(outs);
+        // One GEMV launch when every weight reads x's width (gemv checks the rest); else one each.
+        if ws.iter().all(|w| w.weight.dims().1 == x.last_dim()) {
+            let outs = ws
+                .iter()
+                .map(|w| self.empty(DType::BF16, &with_last(x.shape(), w.weight.dims().0)))
+                .collect::<Result<Vec<_>>>()?;
+            let parts: Vec<_> = ws.iter().zip(&outs).map(|(w, o)| (&w.weight, o.buffer().ptr())).collect();
+            if crate::gemv::gemv(self, act(x, "linear")?, x.rows(), &parts)? {
+                return Ok(outs);
+            }
         }
         ws.iter().map(|w| self.linear(x, w)).collect()
     }

@@ -140,8 +140,8 @@ pub(crate) fn moe_block(
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
     let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
-
     let (ne, hi) = (n_exp as i32, i32_of(h, "hidden")?);
+
     let mut l = Overlapped::new(b, &b.k().moe_dec_logits);
     l.arg(&p_logits).arg(&px).arg(&router_desc).arg(&gate_desc).arg(&ne).arg(&gated).arg(&ti);
     let cfg = LaunchConfig {
