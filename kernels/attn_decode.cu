@@ -9,9 +9,14 @@
 
 // part[(h * splits + s) * (d + 2) + j]: j < d the split's output (sum of exp(score - m) * v),
 // j = d its max m, j = d + 1 its sum of exp(score - m). Grid (splits, q_heads), 128 threads.
-// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start`, its own k/v in k, v.
+// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start` (or `*start_at` when that is
+// not null), its own k/v in k, v. Splits past the visible positions write an empty partial
+// (max -inf, sum 0), which the combine weighs 0: a recorded step sizes its grid for the cache's
+// capacity once.
 extern "C" __global__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
-                                          int q_heads, int kv_heads, int d, int start, int window, float scale, int splits) {
+                                          int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale,
+                                          int splits) {
+    if (start_at) start = *start_at;
     __shared__ float wm[4], wl[4], wacc[4][ATT_DEC_MAX_D];
     const float NEG_INF = __int_as_float(0xff800000);
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

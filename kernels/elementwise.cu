@@ -60,7 +60,11 @@ extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows,
 // NeoX rotary embedding over the first 2 * half features of each head; the rest copied.
 struct RopeFreqs { float f[128]; };
 
-extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int d, int start, int half, RopeFreqs inv, float scaling) {
+// `start_at`, when not null, holds the start position instead of `start` (a recorded decode step
+// reads its position from device memory).
+extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int* start_at, int half, RopeFreqs inv,
+                               float scaling) {
+    if (start_at) start = *start_at;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * heads * d) return;
     int j = (int)(i % d);

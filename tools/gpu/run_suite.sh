@@ -25,6 +25,7 @@ if ! run parity "$bin/parity" --nocapture; then
     status=1
     run parity-serial "$bin/parity" --nocapture --test-threads=1  # tells a race from a plain bug
 fi
+run recorded "$bin/recorded" --nocapture || status=1
 run lifetime "$bin/lifetime" --nocapture --test-threads=1 || status=1
 if run lifetime-mutation "$bin/lifetime-mutation" --test-threads=1; then
     echo "mutation arm: PASSED with the original bug compiled in (must fail)"; status=1
@@ -39,8 +40,8 @@ run vt-logits "$bin/vt" logits --backend cuda --model fixtures/laguna_nvfp4 --pr
 tail -2 "$logs/vt-generate.log"
 
 echo "---- summary ----"
-grep -hE '^(op |fixture |.*cycles:)' "$logs"/ops.log "$logs"/parity.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
-grep -hE 'panicked|FAILED' "$logs"/{ops,parity,lifetime}.log | head -20
+grep -hE '^(op |fixture |.*cycles:)' "$logs"/ops.log "$logs"/parity.log "$logs"/recorded.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
+grep -hE 'panicked|FAILED' "$logs"/{ops,parity,recorded,lifetime}.log | head -20
 grep -hE "^thread '.*' panicked|^test .* FAILED" "$logs/lifetime-mutation.log" | head -8
 echo "suite status: $status"
 exit $status

@@ -145,6 +145,9 @@ enum Command {
         /// Keep only the first N layers (a cheaper run at full width).
         #[arg(long)]
         num_layers: Option<usize>,
+        /// Decode without recorded steps (CUDA graphs): every op launched from the host.
+        #[arg(long)]
+        unrecorded: bool,
     },
 }
 
@@ -333,9 +336,10 @@ where
             })?;
             Ok(())
         }
-        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers } => {
+        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers, unrecorded } => {
             let dir = model.model.clone().unwrap_or_else(default_model);
-            let m = bench::load(backend, &dir, *load_format, *num_layers)?;
+            let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
+            m.set_recorded_decode(!unrecorded);
             bench::run(backend, m, &bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len })?;
             Ok(())
         }

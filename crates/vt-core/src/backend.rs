@@ -167,6 +167,8 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     type Buffer: Send + Sync + 'static;
     /// Key/value cache of one attention layer for one sequence.
     type KvCache: Send + Sync + 'static;
+    /// A recorded decode step that can run again (a CUDA graph); `()` where steps are not recorded.
+    type StepGraph: Send + 'static;
 
     fn name(&self) -> &'static str;
     /// Distinct for every backend instance in the process.
@@ -294,6 +296,46 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         state: &mut Tensor<Self>,
     ) -> Result<Tensor<Self>> {
         gated_delta_step_composed(self, step, conv_state, state)
+    }
+
+    // ---- recorded decode steps (optional; the model uses them where `recorder` gives one) ----
+    /// A backend that records the ops queued on it, instead of running them, for one step of `ids`
+    /// new tokens at position `pos`: ops read the ids and the position from device memory that
+    /// `replay` fills, so the recording runs any later step of that shape. Memory it allocates
+    /// belongs to the recording; attention on it leaves the caches' lengths alone (the step has
+    /// not run; `replay` advances them). `None` where this backend does not record.
+    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
+        let _ = (ids, pos);
+        Ok(None)
+    }
+    /// Whether this instance is a recorder (derived weight state must not be built on one).
+    fn is_recording(&self) -> bool {
+        false
+    }
+    /// Ends `recorder`'s recording and makes it runnable.
+    fn finish_recording(&self, recorder: Self) -> Result<Self::StepGraph> {
+        drop(recorder);
+        Err(crate::Error::backend(self.name(), "this backend does not record steps"))
+    }
+    /// Queues a recorded step for `ids` at position `pos` over the attention `caches` it was
+    /// recorded with (in the order the step uses them), which it advances as the step does.
+    /// `Ok(false)`, with nothing queued, where the recording no longer fits them (a cache's storage
+    /// moved or is full): run the step without it.
+    fn replay(
+        &self,
+        graph: &mut Self::StepGraph,
+        ids: &[u32],
+        pos: usize,
+        caches: &mut [&mut Self::KvCache],
+    ) -> Result<bool> {
+        let _ = (graph, ids, pos, caches);
+        Err(crate::Error::backend(self.name(), "this backend does not record steps"))
+    }
+    /// Moves `cache`'s storage now, if it must, so that it holds `positions` positions without
+    /// moving again (before recording, so that replays can follow it for a while).
+    fn kv_reserve(&self, cache: &mut Self::KvCache, positions: usize) -> Result<()> {
+        let _ = (cache, positions);
+        Ok(())
     }
 
     /// Random contents at `shape` (dummy weights for benchmarks); values as `random::random_bytes`

@@ -48,6 +48,10 @@ impl<B: Backend> ResidentSlot<B> {
         }
         let derived = match self.cell.get() {
             Some(d) => d,
+            // A recorder's memory and work belong to its recording, not to the weight.
+            None if backend.is_recording() => {
+                return Err(Error::backend(backend.name(), "a weight's derived state cannot be built while recording"))
+            }
             None => {
                 let built = self.build(build)?;
                 // A racing initialiser may have won; `get_or_init` keeps whichever came first.

@@ -89,6 +89,7 @@ fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type KvCache = CpuKvCache;
+    type StepGraph = ();
 
     fn name(&self) -> &'static str {
         "cpu"

@@ -9,6 +9,10 @@
 //! (`cuMemAlloc`) that stay until the backend is dropped, and a request is served by the
 //! lowest-addressed free block of exactly its (256-byte-rounded) size, else carved fresh. All work
 //! of one backend is ordered on its one stream, so a freed block may be reused at once.
+//!
+//! A recording's allocator (`Allocator::for_recording`) works as an arena whose chunks are blocks
+//! of its parent: what a recorded step allocates stays reserved for its replays, and goes back to
+//! the parent, in the parent's stream order, when the recording is dropped.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +35,12 @@ struct Chunk {
     base: u64,
     size: usize,
     used: usize,
+    /// The parent's block this chunk is (a recording's arena); `None`: from the driver.
+    block: Option<CudaBuffer>,
 }
+
+/// Smallest chunk of a recording's arena (a decode step's scratch is a few MiB).
+const RECORDING_CHUNK: usize = 4 << 20;
 
 #[derive(Default)]
 struct State {
@@ -45,6 +54,8 @@ pub struct Allocator {
     mode: AllocMode,
     stream: Arc<CudaStream>,
     state: Mutex<State>,
+    /// Where a recording's arena takes its chunks.
+    parent: Option<Arc<Allocator>>,
 }
 
 pub(crate) fn driver_err(what: &str, e: result::DriverError) -> Error {
@@ -53,7 +64,17 @@ pub(crate) fn driver_err(what: &str, e: result::DriverError) -> Error {
 
 impl Allocator {
     pub fn new(mode: AllocMode, stream: Arc<CudaStream>) -> Self {
-        Allocator { mode, stream, state: Mutex::new(State::default()) }
+        Allocator { mode, stream, state: Mutex::new(State::default()), parent: None }
+    }
+
+    /// An arena on `stream` (a recording's) whose chunks are blocks of `parent`.
+    pub fn for_recording(parent: &Arc<Allocator>, stream: Arc<CudaStream>) -> Self {
+        Allocator {
+            mode: AllocMode::PlacementArena,
+            stream,
+            state: Mutex::new(State::default()),
+            parent: Some(parent.clone()),
+        }
     }
 
     pub fn mode(&self) -> AllocMode {
@@ -85,7 +106,7 @@ impl Allocator {
                 .map_err(|e| driver_err(&format!("allocating {size} bytes"), e))?,
             AllocMode::PlacementArena => match st.free.get_mut(&size).and_then(|set| set.pop_first()) {
                 Some(addr) => addr,
-                None => carve(&mut st, size)?,
+                None => carve(&mut st, size, self.parent.as_ref())?,
             },
         };
         st.stats.bytes_live += size;
@@ -115,8 +136,8 @@ impl Allocator {
     }
 }
 
-/// Carves `size` bytes from the newest chunk, or from a new one.
-fn carve(st: &mut State, size: usize) -> Result<u64> {
+/// Carves `size` bytes from the newest chunk, or from a new one (a block of `parent` if given).
+fn carve(st: &mut State, size: usize, parent: Option<&Arc<Allocator>>) -> Result<u64> {
     if let Some(chunk) = st.chunks.last_mut() {
         if chunk.size - chunk.used >= size {
             let ptr = chunk.base + chunk.used as u64;
@@ -124,11 +145,21 @@ fn carve(st: &mut State, size: usize) -> Result<u64> {
             return Ok(ptr);
         }
     }
-    let chunk_size = size.max(ARENA_CHUNK);
-    // SAFETY: the caller bound the backend's context to this thread.
-    let base = unsafe { result::malloc_sync(chunk_size) }
-        .map_err(|e| driver_err(&format!("allocating an arena chunk of {chunk_size} bytes"), e))?;
-    st.chunks.push(Chunk { base, size: chunk_size, used: size });
+    let chunk = match parent {
+        Some(p) => {
+            let block = CudaBuffer::new(p, size.max(RECORDING_CHUNK))?;
+            Chunk { base: block.ptr(), size: block.len(), used: size, block: Some(block) }
+        }
+        None => {
+            let chunk_size = size.max(ARENA_CHUNK);
+            // SAFETY: the caller bound the backend's context to this thread.
+            let base = unsafe { result::malloc_sync(chunk_size) }
+                .map_err(|e| driver_err(&format!("allocating an arena chunk of {chunk_size} bytes"), e))?;
+            Chunk { base, size: chunk_size, used: size, block: None }
+        }
+    };
+    let base = chunk.base;
+    st.chunks.push(chunk);
     Ok(base)
 }
 
@@ -140,6 +171,8 @@ impl Drop for Allocator {
     fn drop(&mut self) {
         // Every buffer holds an Arc to us, so no block is live; queued work may still read them.
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        // A recording's chunks are the parent's blocks: dropping them frees them in its order.
+        st.chunks.retain(|c| c.block.is_none());
         if st.chunks.is_empty() || self.stream.context().bind_to_thread().is_err() || self.stream.synchronize().is_err()
         {
             return;

@@ -27,6 +27,12 @@ pub(crate) struct Operands {
     pub vc: u64,
 }
 
+/// Where a recorded step reads its position, and the cache rows it sizes the splits for.
+pub(crate) struct Recorded {
+    pub pos: u64,
+    pub rows: usize,
+}
+
 /// The query sits at position `start`; a window (0: none) limits what it sees.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
@@ -38,9 +44,13 @@ pub(crate) fn launch(
     start: usize,
     window: usize,
     scale: f32,
+    recorded: Option<Recorded>,
 ) -> Result<()> {
     let visible = if window > 0 { (start + 1).min(window) } else { start + 1 };
-    let splits = visible.div_ceil(SPLIT);
+    // A recording covers every position the cache can hold; the splits past the step's visible
+    // ones write empty partials.
+    let splits = recorded.as_ref().map_or(visible, |r| r.rows.max(visible)).div_ceil(SPLIT);
+    let start_at = recorded.map_or(0, |r| r.pos);
     let part = b.buffer(q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
     let (hq, hkv, di, si, wi, sp) = (
@@ -62,16 +72,17 @@ pub(crate) fn launch(
         .arg(&hkv)
         .arg(&di)
         .arg(&si)
+        .arg(&start_at)
         .arg(&wi)
         .arg(&scale)
         .arg(&sp);
     let cfg =
         LaunchConfig { grid_dim: (splits as u32, q_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attn_dec_split(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d, int
-    // start, int window, float scale, int splits): grid (splits, q_heads) of 128 threads covering
-    // the `visible` positions; d % 8 == 0 and d <= 256 (fits); q [1, q_heads, d], k/v [1, kv_heads,
-    // d], the cache holds every earlier visible position (kv.rs reserved it); part holds
-    // q_heads * splits * (d + 2) floats.
+    // start, const int* start_at, int window, float scale, int splits): grid (splits, q_heads) of
+    // 128 threads covering the `visible` positions; d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
+    // d], k/v [1, kv_heads, d], the cache holds every earlier visible position (kv.rs reserved it);
+    // part holds q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position.
     launched(unsafe { l.launch(cfg) }, "attn_dec_split")?;
     let mut l = b.stream().launch_builder(&b.k().attn_dec_combine);
     l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);

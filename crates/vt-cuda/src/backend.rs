@@ -18,6 +18,7 @@ use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
 use crate::blas::Gemm;
 use crate::kernels::Kernels;
 use crate::kv::CudaKvCache;
+use crate::record::{CudaStepGraph, Recording};
 use crate::weight::{float_code, WeightDesc};
 
 /// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
@@ -34,9 +35,11 @@ pub(crate) const MAX_SHARED: usize = 48 << 10;
 
 struct Inner {
     id: u64,
-    kernels: Kernels,
-    gemm: Gemm,
+    kernels: Arc<Kernels>,
+    gemm: Arc<Gemm>,
     alloc: Arc<Allocator>,
+    /// Set on a recorder (record.rs): its ops are captured, not run.
+    recording: Option<Recording>,
 }
 
 /// The CUDA backend. Clones share one device context, stream, allocator and kernels.
@@ -98,7 +101,13 @@ impl CudaBackend {
         let kernels = Kernels::load(&ctx)?;
         let gemm = Gemm::new(&alloc)?;
         let id = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
-        Ok(CudaBackend { inner: Arc::new(Inner { id, kernels, gemm, alloc }) })
+        let inner = Inner { id, kernels: Arc::new(kernels), gemm: Arc::new(gemm), alloc, recording: None };
+        Ok(CudaBackend { inner: Arc::new(inner) })
+    }
+
+    /// The recording a recorder holds.
+    pub(crate) fn recording(&self) -> Option<&Recording> {
+        self.inner.recording.as_ref()
     }
 
     pub fn alloc_mode(&self) -> AllocMode {
@@ -150,7 +159,7 @@ impl CudaBackend {
         Ok(t)
     }
 
-    fn copy_in<T>(&self, dst: &CudaBuffer, src: &[T]) -> Result<()> {
+    pub(crate) fn copy_in<T>(&self, dst: &CudaBuffer, src: &[T]) -> Result<()> {
         self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
         // SAFETY: `dst` holds `size_of_val(src)` bytes (callers size it so); a pageable source is
         // staged before the call returns, so `src` may go away afterwards.
@@ -184,6 +193,7 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Buffer = CudaBuffer;
     type KvCache = CudaKvCache;
+    type StepGraph = CudaStepGraph;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -231,6 +241,7 @@ impl Backend for CudaBackend {
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         check(t.dtype().is_float(), "to_f32", || format!("expected a float tensor, found {}", t.dtype()))?;
+        check(self.recording().is_none(), "to_f32", || "a recorder runs nothing to read back".into())?;
         let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];
         self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
         // SAFETY: the buffer holds exactly `bytes.len()` bytes; we wait for the copy below.
@@ -250,15 +261,24 @@ impl Backend for CudaBackend {
             return Err(err(format!("embedding: token id {bad} is outside the vocabulary of {vocab}")));
         }
         let dt = float_code(table, "embedding")?;
-        let dev_ids = self.upload_slice(ids)?;
+        // A recorded step reads the ids its replays write.
+        let (dev_ids, pi) = match self.recording() {
+            Some(r) => (None, r.ids_at(ids.len(), vocab)?),
+            None => {
+                let buf = self.upload_slice(ids)?;
+                let ptr = buf.ptr();
+                (Some(buf), ptr)
+            }
+        };
         let out = self.empty(DType::BF16, &[ids.len(), hidden])?;
-        let (po, pt, pi, h) = (out.buffer().ptr(), table.buffer().ptr(), dev_ids.ptr(), i32_of(hidden, "hidden")?);
+        let (po, pt, h) = (out.buffer().ptr(), table.buffer().ptr(), i32_of(hidden, "hidden")?);
         let mut l = self.stream().launch_builder(&self.k().embedding);
         l.arg(&po).arg(&pt).arg(&dt).arg(&pi).arg(&h);
         let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden):
         // one block per id, every id < vocab (checked), out holds ids.len() * hidden values.
         launched(unsafe { l.launch(cfg) }, "embedding")?;
+        drop(dev_ids); // freed in stream order, after the kernel
         Ok(out)
     }
 
@@ -478,12 +498,52 @@ impl Backend for CudaBackend {
         let po = out.buffer().ptr();
         let (ti, hi, di, si, hf) =
             (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?, half as i32);
+        let start_at = self.recording().map(|r| r.pos_at("rope", start)).transpose()?.unwrap_or(0);
         let mut l = self.stream().launch_builder(&self.k().rope);
-        l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&hf).arg(&freqs).arg(&rope.attention_scaling);
-        // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, int half,
-        // RopeFreqs inv (float[128] by value), float scaling): x and out hold t * heads * d values.
+        l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&start_at).arg(&hf);
+        l.arg(&freqs).arg(&rope.attention_scaling);
+        // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int*
+        // start_at, int half, RopeFreqs inv (float[128] by value), float scaling): x and out hold
+        // t * heads * d values; start_at is 0 or a recording's position.
         launched(unsafe { l.launch(grid1(x.numel())) }, "rope")?;
         Ok(out)
+    }
+
+    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
+        check(self.recording().is_none(), "recorder", || "a recorder cannot record".into())?;
+        let recording = Recording::begin(self, ids, pos)?;
+        let alloc = Arc::new(Allocator::for_recording(self.alloc(), recording.stream().clone()));
+        let inner = Inner {
+            id: self.inner.id,
+            kernels: self.inner.kernels.clone(),
+            gemm: self.inner.gemm.clone(),
+            alloc,
+            recording: Some(recording),
+        };
+        Ok(Some(CudaBackend { inner: Arc::new(inner) }))
+    }
+
+    fn is_recording(&self) -> bool {
+        self.recording().is_some()
+    }
+
+    fn finish_recording(&self, recorder: Self) -> Result<CudaStepGraph> {
+        crate::record::finish(self, recorder)
+    }
+
+    fn replay(
+        &self,
+        graph: &mut CudaStepGraph,
+        ids: &[u32],
+        pos: usize,
+        caches: &mut [&mut CudaKvCache],
+    ) -> Result<bool> {
+        crate::record::replay(self, graph, ids, pos, caches)
+    }
+
+    fn kv_reserve(&self, cache: &mut CudaKvCache, positions: usize) -> Result<()> {
+        check(self.recording().is_none(), "kv_reserve", || "a recorder cannot move a cache".into())?;
+        cache.reserve_total(positions)
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {

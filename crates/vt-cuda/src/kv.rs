@@ -10,6 +10,7 @@ use vt_core::{AttentionParams, DType, Result, Tensor};
 
 use crate::alloc::{driver_err, Allocator, CudaBuffer};
 use crate::backend::{act, check, err, grid1, i32_of, launched, MAX_HEAD_DIM};
+use crate::record::RecordedCache;
 use crate::CudaBackend;
 
 pub struct CudaKvCache {
@@ -47,14 +48,32 @@ impl CudaKvCache {
         self.kv_heads * self.head_dim * 2
     }
 
+    /// Whether `positions` positions fit without moving the storage.
+    fn fits(&self, positions: usize) -> bool {
+        match self.window {
+            Some(_) => self.k.is_some(),
+            None => positions <= self.capacity,
+        }
+    }
+
+    /// The storage as a recorded step sees it (`None` before any is allocated); a ring never
+    /// moves, so any position fits it.
+    pub(crate) fn recorded(&self) -> Option<RecordedCache> {
+        let keys = self.k.as_ref()?.ptr();
+        Some(RecordedCache { keys, capacity: if self.window.is_some() { usize::MAX } else { self.capacity } })
+    }
+
     /// Makes room for `len + t` positions; returns the (keys, values) device addresses.
     pub(crate) fn reserve(&mut self, t: usize) -> Result<(u64, u64)> {
-        let rows = self.len + t;
-        let grow = match self.window {
-            Some(_) => self.k.is_none(),
-            None => rows > self.capacity,
-        };
-        if grow {
+        self.reserve_total(self.len + t)?;
+        let (k, v) = (self.k.as_ref().expect("reserved"), self.v.as_ref().expect("reserved"));
+        Ok((k.ptr(), v.ptr()))
+    }
+
+    /// Moves the storage, if it must, so that it holds `rows` positions (at least twice what it
+    /// held, so that a growing sequence moves it rarely).
+    pub(crate) fn reserve_total(&mut self, rows: usize) -> Result<()> {
+        if !self.fits(rows) {
             let cap = match self.window {
                 Some(w) => w,
                 None => rows.max(self.capacity * 2).max(16),
@@ -74,8 +93,7 @@ impl CudaKvCache {
             self.v = Some(v);
             self.capacity = cap;
         }
-        let (k, v) = (self.k.as_ref().expect("reserved"), self.v.as_ref().expect("reserved"));
-        Ok((k.ptr(), v.ptr()))
+        Ok(())
     }
 }
 
@@ -116,6 +134,19 @@ pub(crate) fn attention(
     )?;
     let (pq, pk, pv) = (act(q, op)?, act(k, op)?, act(v, op)?);
     let start = cache.len;
+    // A recorded step runs the decode kernels at the position its replays give, over storage that
+    // must not move under it.
+    let recording = b.recording();
+    if recording.is_some() {
+        check(crate::attn_decode::fits(t, head_dim) && cache.fits(start + t), op, || {
+            format!(
+                "a recorded step needs one token over a reserved cache ({t} tokens, {} of {} rows)",
+                start + t,
+                cache.capacity
+            )
+        })?;
+    }
+    let start_at = recording.map(|r| r.pos_at(op, start)).transpose()?;
     let (kc, vc) = cache.reserve(t)?;
     let out = b.empty(DType::BF16, q.shape())?;
     let po = out.buffer().ptr();
@@ -132,7 +163,18 @@ pub(crate) fn attention(
         crate::flash::launch(b, &ops, ti, hq, hkv, head_dim, s, window, p.scale)?;
     } else if crate::attn_decode::fits(t, head_dim) {
         let ops = crate::attn_decode::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
-        crate::attn_decode::launch(b, &ops, q_heads, cache.kv_heads, head_dim, start, p.window.unwrap_or(0), p.scale)?;
+        let rec = start_at.map(|pos| crate::attn_decode::Recorded { pos, rows: cache.capacity });
+        crate::attn_decode::launch(
+            b,
+            &ops,
+            q_heads,
+            cache.kv_heads,
+            head_dim,
+            start,
+            p.window.unwrap_or(0),
+            p.scale,
+            rec,
+        )?;
     } else {
         let mut l = b.stream().launch_builder(&b.k().attention);
         l.arg(&po)
@@ -160,12 +202,18 @@ pub(crate) fn attention(
         launched(unsafe { l.launch(cfg) }, "attention")?;
     }
     let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
+    let start_ptr = start_at.unwrap_or(0);
     let mut l = b.stream().launch_builder(&b.k().kv_append);
-    l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&window);
+    l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&start_ptr).arg(&window);
     // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,
-    // int start, int window): writes rows start..start+t (mod window) of a cache reserved for
-    // them; queued after the attention kernel, which reads the rows it may overwrite.
+    // int start, const int* start_at, int window): writes rows start..start+t (mod window) of a
+    // cache reserved for them (a recording's position is one its replays check fits); queued after
+    // the attention kernel, which reads the rows it may overwrite.
     launched(unsafe { l.launch(grid1(t * cache.kv_heads * head_dim)) }, "kv_append")?;
-    cache.len += t;
+    match (recording, cache.recorded()) {
+        // The recorded step has not run: each replay advances the cache.
+        (Some(r), Some(c)) => r.add_cache(c),
+        _ => cache.len += t,
+    }
     Ok(out)
 }

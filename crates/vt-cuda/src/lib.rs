@@ -38,6 +38,8 @@ mod moe;
 #[cfg(feature = "cuda")]
 mod moe_decode;
 #[cfg(feature = "cuda")]
+mod record;
+#[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]
 mod weight;
@@ -50,5 +52,7 @@ pub use backend::CudaBackend;
 pub use kv::CudaKvCache;
 #[cfg(feature = "cuda")]
 pub use moe::CudaExpertTable;
+#[cfg(feature = "cuda")]
+pub use record::CudaStepGraph;
 #[cfg(feature = "cuda")]
 pub use timing::DeviceTime;

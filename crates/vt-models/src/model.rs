@@ -1,5 +1,7 @@
 //! The decoder graph shared by all three families, generic over the backend.
 
+mod decode_graph;
+
 use std::path::Path;
 
 use vt_core::checkpoint::Checkpoint;
@@ -9,6 +11,7 @@ use vt_core::{
 
 use crate::loader::{DummyWeights, Loader};
 use crate::spec::{AttnGate, AttnSpec, FfnSpec, GdnSpec, LayerSpec, MixerSpec, ModelSpec, MoeSpec, SharedExpert};
+use decode_graph::RecordedStep;
 
 struct Attention<B: Backend> {
     spec: AttnSpec,
@@ -74,6 +77,8 @@ pub struct Model<B: Backend> {
     norm: Tensor<B>,
     /// `None` when tied to the embeddings.
     lm_head: Option<Linear<B>>,
+    /// Whether single-token steps of one sequence run as recorded steps where the backend records.
+    record_decode: bool,
 }
 
 /// Per-layer sequence state.
@@ -82,10 +87,25 @@ enum LayerState<B: Backend> {
     DeltaNet { conv: Tensor<B>, recurrent: Tensor<B> },
 }
 
-/// One sequence's state: KV caches, convolution and recurrent states, and its length.
+/// One sequence's state: KV caches, convolution and recurrent states, its length, and its
+/// recorded decode step.
 pub struct SeqState<B: Backend> {
     pos: usize,
     layers: Vec<LayerState<B>>,
+    /// A single-token step of this sequence has run unrecorded: every weight's derived state that
+    /// decode uses is built, so a step can be recorded (a recorder must not build it).
+    decoded_eagerly: bool,
+    recorded: Recorded<B>,
+    recordings: usize,
+}
+
+/// A sequence's recorded decode step (decode_graph.rs).
+enum Recorded<B: Backend> {
+    /// Not recorded yet (or its recording no longer fits the caches).
+    None,
+    Step(RecordedStep<B>),
+    /// Recording failed; this sequence decodes unrecorded.
+    Failed(Error),
 }
 
 impl<B: Backend> SeqState<B> {
@@ -96,6 +116,19 @@ impl<B: Backend> SeqState<B> {
 
     pub fn is_empty(&self) -> bool {
         self.pos == 0
+    }
+
+    /// Decode steps recorded for this sequence so far (each replayed until its caches move).
+    pub fn recordings(&self) -> usize {
+        self.recordings
+    }
+
+    /// Why recording this sequence's decode step failed, if it did.
+    pub fn recording_error(&self) -> Option<&Error> {
+        match &self.recorded {
+            Recorded::Failed(e) => Some(e),
+            _ => None,
+        }
     }
 }
 
@@ -153,7 +186,7 @@ impl<B: Backend> Model<B> {
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
-        Ok(Model { backend: backend.clone(), spec, embed, layers, norm, lm_head })
+        Ok(Model { backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -241,7 +274,7 @@ impl<B: Backend> Model<B> {
                 }),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SeqState { pos: 0, layers })
+        Ok(SeqState { pos: 0, layers, decoded_eagerly: false, recorded: Recorded::None, recordings: 0 })
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
@@ -279,7 +312,22 @@ impl<B: Backend> Model<B> {
                 return Err(Error::input("sequence state belongs to another model"));
             }
         }
-        let b = &self.backend;
+        if let [(&[id], ref mut state)] = seqs {
+            if self.record_decode {
+                if let Some(logits) = self.recorded_step(id, state)? {
+                    return Ok(logits);
+                }
+            }
+        }
+        let logits = self.run_on(&self.backend, seqs, which)?;
+        if let [(&[_], ref mut state)] = seqs {
+            state.decoded_eagerly = true;
+        }
+        Ok(logits)
+    }
+
+    /// The forward pass of `run` on `b` (the model's backend, or a recorder of it).
+    fn run_on(&self, b: &B, seqs: &mut [(&[u32], &mut SeqState<B>)], which: Logits) -> Result<Tensor<B>> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
@@ -301,13 +349,13 @@ impl<B: Backend> Model<B> {
         for (li, layer) in self.layers.iter().enumerate() {
             let mut states: Vec<&mut LayerState<B>> = seqs.iter_mut().map(|(_, s)| &mut s.layers[li]).collect();
             let mixed = match &layer.mixer {
-                Mixer::Attention(a) => self.attention(a, &h, &spans, &mut states)?,
-                Mixer::DeltaNet(d) => self.delta_net(d, &h, &spans, &mut states)?,
+                Mixer::Attention(a) => self.attention(b, a, &h, &spans, &mut states)?,
+                Mixer::DeltaNet(d) => self.delta_net(b, d, &h, &spans, &mut states)?,
             };
             let (x1, h1) = b.add_rms_norm(&x, &mixed, &layer.post_norm, eps, kind)?;
             let f = match &layer.ffn {
-                Ffn::Dense(m) => self.mlp(m, &h1)?,
-                Ffn::Moe(m) => self.moe(m, &h1)?,
+                Ffn::Dense(m) => self.mlp(b, m, &h1)?,
+                Ffn::Moe(m) => self.moe(b, m, &h1)?,
             };
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
@@ -317,28 +365,33 @@ impl<B: Backend> Model<B> {
         }
         // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
         if which == Logits::Last {
-            h = self.per_seq(&spans, |_, s| b.slice_rows(&h, s.row + s.len - 1, 1))?;
+            h = self.per_seq(b, &spans, |_, s| b.slice_rows(&h, s.row + s.len - 1, 1))?;
         }
         b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
     /// Runs `f` for each sequence and stacks its results (`[rows, width]`) in order.
-    fn per_seq(&self, spans: &[Span], mut f: impl FnMut(usize, &Span) -> Result<Tensor<B>>) -> Result<Tensor<B>> {
+    fn per_seq(
+        &self,
+        b: &B,
+        spans: &[Span],
+        mut f: impl FnMut(usize, &Span) -> Result<Tensor<B>>,
+    ) -> Result<Tensor<B>> {
         let mut parts = spans.iter().enumerate().map(|(i, s)| f(i, s)).collect::<Result<Vec<_>>>()?;
         match parts.len() {
             1 => Ok(parts.pop().expect("one part")),
-            _ => self.backend.concat_rows(&parts.iter().collect::<Vec<_>>()),
+            _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
         }
     }
 
     fn attention(
         &self,
+        b: &B,
         a: &Attention<B>,
         x: &Tensor<B>,
         spans: &[Span],
         states: &mut [&mut LayerState<B>],
     ) -> Result<Tensor<B>> {
-        let b = &self.backend;
         let s = &a.spec;
         let t = x.rows();
         let width = s.q_heads * s.head_dim;
@@ -363,7 +416,7 @@ impl<B: Backend> Model<B> {
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
-        let o = self.per_seq(spans, |i, sp| {
+        let o = self.per_seq(b, spans, |i, sp| {
             let LayerState::Attention(cache) = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
@@ -383,12 +436,12 @@ impl<B: Backend> Model<B> {
 
     fn delta_net(
         &self,
+        b: &B,
         d: &DeltaNet<B>,
         x: &Tensor<B>,
         spans: &[Span],
         states: &mut [&mut LayerState<B>],
     ) -> Result<Tensor<B>> {
-        let b = &self.backend;
         let s = &d.spec;
         let t = x.rows();
         let key_total = s.key_heads * s.key_dim;
@@ -397,7 +450,7 @@ impl<B: Backend> Model<B> {
             .try_into()
             .map_err(|_| Error::input("linear_many returned too few outputs"))?;
         let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
-        let o = self.per_seq(spans, |i, sp| {
+        let o = self.per_seq(b, spans, |i, sp| {
             let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
@@ -438,20 +491,19 @@ impl<B: Backend> Model<B> {
         b.linear(&o, &d.out_proj)
     }
 
-    fn mlp(&self, m: &Mlp<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
-        let b = &self.backend;
+    fn mlp(&self, b: &B, m: &Mlp<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
         let act = b.swiglu(&b.linear(x, &m.gate)?, &b.linear(x, &m.up)?)?;
         b.linear(&act, &m.down)
     }
 
-    fn moe(&self, m: &MoeBlock<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
+    fn moe(&self, b: &B, m: &MoeBlock<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
         let shared = m.shared.as_ref().map(|s| vt_core::SharedExpert {
             gate: &s.gate,
             up: &s.up,
             down: &s.down,
             gate_proj: m.shared_gate.as_ref(),
         });
-        self.backend.moe_block(x, &m.router, &m.experts, shared.as_ref())
+        b.moe_block(x, &m.router, &m.experts, shared.as_ref())
     }
 }
 

@@ -1,0 +1,184 @@
+//! Recorded decode steps: a decode step's ~500 kernel launches captured once as a CUDA graph and
+//! replayed with one launch per step, so the host no longer paces the GPU.
+//!
+//! A recorder is a `CudaBackend` whose ops go to a capture stream of their own (other threads keep
+//! using the backend's stream meanwhile) and whose memory comes from an arena of the parent's
+//! blocks (`Allocator::for_recording`), reserved for the recording's lifetime. What changes from
+//! step to step is read from device memory that `replay` fills before the launch: the token ids
+//! (embedding) and the position (rope, the attention kernels, the KV append). Everything else a
+//! recording touches is fixed: weights, the sequence's recurrent states, which it updates in place,
+//! and its KV caches, whose storage the recording checks at every replay (`RecordedCache`).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+use vt_core::{Backend, Result};
+
+use crate::alloc::{driver_err, CudaBuffer};
+use crate::backend::{err, i32_of};
+use crate::kv::CudaKvCache;
+use crate::CudaBackend;
+
+/// A KV cache as a recorded step uses it: the storage its kernels were given, and how many
+/// positions that storage holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecordedCache {
+    pub keys: u64,
+    pub capacity: usize,
+}
+
+/// What a recorder is recording.
+pub(crate) struct Recording {
+    stream: Arc<CudaStream>,
+    /// `[position: i32, ids: u32 x ids]`, filled by each replay before its launch.
+    inputs: CudaBuffer,
+    pos: usize,
+    ids: usize,
+    /// Set by the recorded embedding: ids a replay may pass are below it.
+    vocab: Mutex<Option<usize>>,
+    /// The attention layers' caches, in the order the step appends to them.
+    caches: Mutex<Vec<RecordedCache>>,
+}
+
+impl Recording {
+    /// Starts capturing on a new stream of `parent`'s context.
+    pub(crate) fn begin(parent: &CudaBackend, ids: usize, pos: usize) -> Result<Self> {
+        let stream = parent.stream().context().new_stream().map_err(|e| driver_err("creating a capture stream", e))?;
+        // The inputs are written by replays on the parent's stream, so they are the parent's.
+        let inputs = parent.buffer(4 * (1 + ids))?;
+        // Relaxed: the arena may take a chunk from the parent while the capture is open.
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| driver_err("beginning a capture", e))?;
+        Ok(Recording { stream, inputs, pos, ids, vocab: Mutex::new(None), caches: Mutex::new(Vec::new()) })
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Device address of the step's position (an `i32`).
+    pub(crate) fn pos_at(&self, op: &str, pos: usize) -> Result<u64> {
+        if pos != self.pos {
+            return Err(err(format!("{op}: position {pos} in a step recorded at position {}", self.pos)));
+        }
+        Ok(self.inputs.ptr())
+    }
+
+    /// Device address of the step's token ids, for a table of `vocab` rows.
+    pub(crate) fn ids_at(&self, ids: usize, vocab: usize) -> Result<u64> {
+        if ids != self.ids {
+            return Err(err(format!("embedding: {ids} ids in a step recorded for {}", self.ids)));
+        }
+        *self.vocab.lock().unwrap_or_else(|p| p.into_inner()) = Some(vocab);
+        Ok(self.inputs.ptr() + 4)
+    }
+
+    pub(crate) fn add_cache(&self, cache: RecordedCache) {
+        self.caches.lock().unwrap_or_else(|p| p.into_inner()).push(cache);
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        // A recording abandoned half way (an op failed) still holds its capture open.
+        if let Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE) = self.stream.capture_status() {
+            // SAFETY: the stream is capturing (checked); ending the capture hands back its graph,
+            // which nothing else holds and which is destroyed at once.
+            if let Ok(graph) = unsafe { result::stream::end_capture(self.stream.cu_stream()) } {
+                if !graph.is_null() {
+                    // SAFETY: `graph` came from the capture just ended and is destroyed once.
+                    let _ = unsafe { result::graph::destroy(graph) };
+                }
+            }
+        }
+    }
+}
+
+/// A recorded decode step, ready to replay on the backend it was recorded from.
+pub struct CudaStepGraph {
+    graph: CudaGraph,
+    /// The recorder: its inputs, its arena (the recorded step's scratch) and what it recorded.
+    recorder: CudaBackend,
+    main: Arc<CudaStream>,
+}
+
+// SAFETY: cudarc's `CudaGraph` is not `Send` because graph objects must not be used from two
+// threads at once. A `CudaStepGraph` uses its graph only in `replay` (through `&mut self`) and in
+// drop, so moving it to another thread cannot make two threads use the graph together.
+unsafe impl Send for CudaStepGraph {}
+
+impl Drop for CudaStepGraph {
+    fn drop(&mut self) {
+        // Replays may still be queued: let them finish before the graph and its arena go.
+        let _ = self.main.synchronize();
+    }
+}
+
+impl CudaStepGraph {
+    fn recording(&self) -> &Recording {
+        self.recorder.recording().expect("a step graph's recorder is recording")
+    }
+}
+
+/// Ends `recorder`'s capture and instantiates what it recorded.
+pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<CudaStepGraph> {
+    let rec = recorder.recording().ok_or_else(|| err("finish_recording: this backend is not a recorder"))?;
+    if recorder.instance_id() != parent.instance_id() {
+        return Err(err("finish_recording: the recorder belongs to another backend"));
+    }
+    let graph = rec
+        .stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(|e| driver_err("ending a capture", e))?
+        .ok_or_else(|| err("finish_recording: nothing was recorded"))?;
+    Ok(CudaStepGraph { graph, main: parent.stream().clone(), recorder })
+}
+
+/// Queues `g` for `ids` at `pos` after checking that `caches` are the storage it recorded, with
+/// room for this position; then advances them as the step does. `Ok(false)`: it no longer fits
+/// (a cache moved or is full), nothing was queued.
+pub(crate) fn replay(
+    b: &CudaBackend,
+    g: &mut CudaStepGraph,
+    ids: &[u32],
+    pos: usize,
+    caches: &mut [&mut CudaKvCache],
+) -> Result<bool> {
+    if !Arc::ptr_eq(&g.main, b.stream()) {
+        return Err(err("replay: the step was recorded on another backend"));
+    }
+    let rec = g.recording();
+    if ids.len() != rec.ids {
+        return Err(err(format!("replay: {} ids for a step recorded for {}", ids.len(), rec.ids)));
+    }
+    let vocab = rec.vocab.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(0);
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(err(format!("replay: token id {bad} is outside the recorded vocabulary of {vocab}")));
+    }
+    let recorded = rec.caches.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if caches.len() != recorded.len() {
+        return Err(err(format!("replay: {} caches for a step recorded over {}", caches.len(), recorded.len())));
+    }
+    if caches.iter().any(|c| c.len != pos) {
+        return Err(err(format!("replay at position {pos}: a cache holds another number of positions")));
+    }
+    let fits = caches.iter().zip(&recorded).all(|(c, r)| c.recorded() == Some(*r) && pos < r.capacity);
+    if !fits {
+        return Ok(false);
+    }
+    let mut host = Vec::with_capacity(1 + ids.len());
+    host.push(i32_of(pos, "position")? as u32);
+    host.extend_from_slice(ids);
+    b.copy_in(&rec.inputs, &host)?;
+    // SAFETY: the graph is alive (owned by `g`) and runs on the backend's stream after the inputs
+    // copy. Every address recorded in it is alive: its arena and inputs are held by `g`, weights
+    // and recurrent states by the caller's model and sequence (which own `g`), and the KV caches
+    // are the recorded storage with room for this position (checked above).
+    unsafe { result::graph::launch(g.graph.cu_graph_exec(), b.stream().cu_stream()) }
+        .map_err(|e| driver_err("launching a recorded step", e))?;
+    for c in caches.iter_mut() {
+        c.len += 1;
+    }
+    Ok(true)
+}

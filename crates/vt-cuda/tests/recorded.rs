@@ -1,0 +1,82 @@
+//! Recorded decode steps (CUDA graphs) against the same steps launched op by op, on every fixture:
+//! a replay runs the same kernels over the same memory, reading the token id and the position from
+//! device memory, and attention's extra splits (sized for the cache's capacity) add exact zeros,
+//! so the logits must be bit-identical. Enough steps run that the KV caches fill and the sequence
+//! records again (sliding-window caches never move, so Laguna's record once).
+#![cfg(feature = "cuda")]
+
+use vt_core::Backend;
+use vt_cuda::CudaBackend;
+use vt_models::{Logits, Model};
+use vt_test_support::{all_fixtures, argmax, Reference};
+
+/// Decode steps per fixture: past the 256 positions reserved ahead at the first recording.
+const STEPS: usize = 320;
+
+#[test]
+fn recorded_decode_equals_unrecorded_bit_for_bit() {
+    let b = CudaBackend::new().unwrap();
+    let mut failed = Vec::new();
+    for dir in all_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let prompt = Reference::load(&dir).prompt_ids;
+        let recorded = Model::load(&b, &dir).unwrap();
+        let mut plain = Model::load(&b, &dir).unwrap();
+        plain.set_recorded_decode(false);
+        let (mut rs, mut ps) = (recorded.new_state().unwrap(), plain.new_state().unwrap());
+        let mut want = b.to_f32(&plain.forward(&prompt, &mut ps, Logits::Last).unwrap()).unwrap();
+        let got = b.to_f32(&recorded.forward(&prompt, &mut rs, Logits::Last).unwrap()).unwrap();
+        assert_eq!(got, want, "{name}: prefill differs");
+        let mut first_diff = None;
+        for step in 0..STEPS {
+            let id = argmax(&want) as u32;
+            want = b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap();
+            let got = b.to_f32(&recorded.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
+            if got != want && first_diff.is_none() {
+                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                first_diff = Some((step, worst));
+            }
+        }
+        let window = name.starts_with("laguna");
+        println!(
+            "fixture {name}: {STEPS} decode steps, {} recordings, error {:?}, first difference {first_diff:?}",
+            rs.recordings(),
+            rs.recording_error()
+        );
+        assert_eq!((rs.len(), ps.len()), (prompt.len() + STEPS, prompt.len() + STEPS), "{name}: lengths");
+        let want_recordings = if window { 1 } else { 2 };
+        if first_diff.is_some() || rs.recording_error().is_some() || rs.recordings() < want_recordings {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// A recorder runs nothing, so nothing can be read back from it; a replay checks what it is given
+/// and computes with the ids it is given, not the recorded ones.
+#[test]
+fn recorders_and_replays_refuse_what_they_cannot_do() {
+    let b = CudaBackend::new().unwrap();
+    let rec = b.recorder(1, 0).unwrap().expect("CUDA records");
+    assert!(rec.is_recording() && !b.is_recording());
+    let t = rec.zeros(&[4]).unwrap();
+    let e = rec.to_f32(&t).unwrap_err().to_string();
+    assert!(e.contains("read back"), "{e}");
+    assert!(rec.recorder(1, 0).is_err(), "a recorder recording");
+    assert!(rec.kv_reserve(&mut b.new_kv_cache(1, 8, None).unwrap(), 4).is_err(), "a recorder moving a cache");
+    drop((t, rec)); // abandoned: its capture ends unused
+
+    let rows: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    let table = b.from_f32(&[3, 8], &rows).unwrap();
+    let rec = b.recorder(1, 5).unwrap().unwrap();
+    let x = rec.embedding(&table, &[2]).unwrap();
+    assert!(rec.embedding(&table, &[1, 2]).is_err(), "two ids in a one-id recording");
+    let mut g = b.finish_recording(rec).unwrap();
+    let e = b.replay(&mut g, &[3], 5, &mut []).unwrap_err().to_string();
+    assert!(e.contains("outside the recorded vocabulary"), "{e}");
+    assert!(b.replay(&mut g, &[1, 1], 5, &mut []).is_err(), "two ids");
+    assert!(b.replay(&mut g, &[1], 6, &mut []).unwrap(), "a step without caches replays at any position");
+    assert_eq!(b.to_f32(&x).unwrap(), rows[8..16], "the replayed id's row");
+    let other = CudaBackend::new().unwrap();
+    assert!(other.replay(&mut g, &[1], 5, &mut []).is_err(), "another backend's recording");
+}

@@ -1,0 +1,85 @@
+//! Recorded decode steps: where the backend records (CUDA graphs), a sequence's single-token step
+//! is recorded once and replayed while its KV caches hold still, so a decode step costs one
+//! launch instead of one per op. Replays compute exactly what the unrecorded step computes: the
+//! same kernels over the same memory, with the token id and position read from device memory.
+
+use vt_core::{Backend, Result, Tensor};
+
+use super::{LayerState, Logits, Model, Recorded, SeqState};
+
+/// Positions reserved in every KV cache before recording: a recording replays until a cache is
+/// full, so a sequence records again at most every this many steps (later, as caches double).
+const RESERVE_AHEAD: usize = 256;
+
+/// A sequence's recorded step and where its replays leave the logits (the recording's memory).
+pub(super) struct RecordedStep<B: Backend> {
+    graph: B::StepGraph,
+    logits: Tensor<B>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Whether single-token steps of one sequence run as recorded steps where the backend records
+    /// (the default). Either way they compute the same logits.
+    pub fn set_recorded_decode(&mut self, on: bool) {
+        self.record_decode = on;
+    }
+
+    /// The step of `id` as the sequence's recorded step: replayed, recorded first if it has none.
+    /// `None`: nothing ran and `state` is as it was; run the step unrecorded.
+    pub(super) fn recorded_step(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<Tensor<B>>> {
+        // A first single-token step runs unrecorded: it builds the weights' derived state that
+        // decode uses (a recorder must not).
+        if !state.decoded_eagerly {
+            return Ok(None);
+        }
+        if matches!(state.recorded, Recorded::None) {
+            match self.record(id, state) {
+                Ok(Some(step)) => {
+                    state.recorded = Recorded::Step(step);
+                    state.recordings += 1;
+                }
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    state.recorded = Recorded::Failed(e);
+                    return Ok(None);
+                }
+            }
+        }
+        let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
+        let b = &self.backend;
+        let mut caches: Vec<&mut B::KvCache> = state
+            .layers
+            .iter_mut()
+            .filter_map(|l| match l {
+                LayerState::Attention(c) => Some(c),
+                LayerState::DeltaNet { .. } => None,
+            })
+            .collect();
+        if !b.replay(&mut step.graph, &[id], state.pos, &mut caches)? {
+            // A cache must move: this step runs unrecorded (and moves it), the next records again.
+            state.recorded = Recorded::None;
+            return Ok(None);
+        }
+        state.pos += 1;
+        // A copy: the next replay overwrites the recording's logits.
+        b.slice_rows(&step.logits, 0, 1).map(Some)
+    }
+
+    /// Records the step of `id` at the sequence's position; `None` where the backend does not
+    /// record. The recording has not run: `state` is left as it was (caches reserved ahead).
+    fn record(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<RecordedStep<B>>> {
+        let b = &self.backend;
+        let Some(recorder) = b.recorder(1, state.pos)? else { return Ok(None) };
+        for layer in &mut state.layers {
+            if let LayerState::Attention(cache) = layer {
+                b.kv_reserve(cache, state.pos + RESERVE_AHEAD)?;
+            }
+        }
+        let pos = state.pos;
+        let logits = self.run_on(&recorder, &mut [(&[id], &mut *state)], Logits::Last);
+        state.pos = pos;
+        let logits = logits?;
+        let graph = b.finish_recording(recorder)?;
+        Ok(Some(RecordedStep { graph, logits }))
+    }
+}
