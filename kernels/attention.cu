@@ -23,8 +23,10 @@ extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf
 
 // One warp per (query token, query head), online softmax in f32. Block: 128 threads (4 warps);
 // grid covers t * q_heads warps. window 0 = none. d <= ATT_MAX_D.
+// `start_at`, when not null, holds the start position instead of `start`.
 extern "C" __global__ void attention(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
-                                     int t, int q_heads, int kv_heads, int d, int start, int window, float scale) {
+                                     int t, int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale) {
+    if (start_at) start = *start_at;
     int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (w >= t * q_heads) return;
     int tok = w / q_heads, h = w % q_heads, kvh = h / (q_heads / kv_heads);

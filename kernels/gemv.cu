@@ -82,12 +82,17 @@ template <bool FP4, typename X> __device__ __forceinline__ void load_xchunk(cons
 
 // ---------------------------------------------------------------------------------------------
 // Dense linear layers: y[i, r] = x[i, :] . W[r, :] for i < t <= GEMV_MAX_T. Block: 128 threads
-// (4 warps); warp w of block b owns rows (4b + w) * GEMV_ROWS + [0, GEMV_ROWS). k % ELEMS == 0.
-template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t, int block) {
+// (4 warps) in 4 / ks groups of ks warps; group g of block b owns rows (b * 4 / ks + g) * GEMV_ROWS
+// + [0, GEMV_ROWS), its warps splitting each row's chunks (ks in {1, 2, 4}): a layer of few rows
+// then still has enough loads in flight, where a warp per row pair would leave most SMs idle and
+// stream each row in several dependent rounds. k % ELEMS == 0.
+template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
     typedef Fmt<FP4> F;
-    int lane = threadIdx.x & 31;
-    int r0 = (block * 4 + (threadIdx.x >> 5)) * GEMV_ROWS;
-    if (r0 >= n) return;
+    __shared__ float part[4][GEMV_MAX_T][GEMV_ROWS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % ks;
+    int r0 = (block * (4 / ks) + warp / ks) * GEMV_ROWS;
+    // Split warps meet at a barrier below, so a group past the last row still runs (on row n - 1).
+    if (r0 >= n && ks == 1) return;
     long long rows[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) rows[r] = min(r0 + r, n - 1);  // the tail repeats a row, unused
@@ -96,7 +101,7 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
     for (int i = 0; i < GEMV_MAX_T; i++)
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.0f;
-    int nc = w.k / F::ELEMS;
+    int nc = w.k / F::ELEMS, step = 32 * ks, first = lane + 32 * slice;
     uint4 v[CHUNKS][GEMV_ROWS];
     unsigned s[CHUNKS][GEMV_ROWS];
     auto load_round = [&](int c0) {
@@ -104,21 +109,21 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
         for (int u = 0; u < CHUNKS; u++)
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++)
-                if (c0 + 32 * u < nc) F::load(w, rows[r], c0 + 32 * u, v[u][r], s[u][r]);
+                if (c0 + step * u < nc) F::load(w, rows[r], c0 + step * u, v[u][r], s[u][r]);
     };
     // The first round of weights is in flight before the previous kernel (which writes x) ends.
-    load_round(lane);
+    load_round(first);
     grid_dep_wait();
-    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
-        if (c0 != lane) load_round(c0);
+    for (int c0 = first; c0 < nc; c0 += step * CHUNKS) {
+        if (c0 != first) load_round(c0);
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++) {
-            if (c0 + 32 * u >= nc) break;
+            if (c0 + step * u >= nc) break;
 #pragma unroll
             for (int i = 0; i < GEMV_MAX_T; i++) {
                 if (i >= t) break;
                 float xf[F::ELEMS];
-                load_xchunk<FP4>(x + (long long)i * w.k, c0 + 32 * u, xf);
+                load_xchunk<FP4>(x + (long long)i * w.k, c0 + step * u, xf);
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += F::dot(v[u][r], s[u][r], xf);
             }
@@ -130,8 +135,22 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
             float sum = warp_sum(acc[i][r]);
-            if (lane == 0 && r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
+            if (ks == 1) {
+                if (lane == 0 && r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
+            } else if (lane == 0) {
+                part[warp][i][r] = sum;
+            }
         }
+    }
+    if (ks == 1) return;
+    __syncthreads();
+    // The group's first warp adds the slices in a fixed order (the result does not depend on timing).
+    if (slice != 0) return;
+    for (int e = lane; e < t * GEMV_ROWS; e += 32) {
+        int i = e / GEMV_ROWS, r = e % GEMV_ROWS;
+        float sum = 0.0f;
+        for (int j = 0; j < ks; j++) sum += part[warp + j][i][r];
+        if (r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
     }
 }
 
@@ -143,7 +162,7 @@ struct GemvParts {
     int n[GEMV_MAX_PARTS];
     int first_block[GEMV_MAX_PARTS];
     int parts;
-    int pad;
+    int ks;  // warps per row group (see gemv)
 };
 
 template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
@@ -151,7 +170,7 @@ template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x
     int part = 0;
     for (int i = 1; i < p.parts; i++)
         if ((int)blockIdx.x >= p.first_block[i]) part = i;
-    gemv<FP4>((bf16*)p.y[part], x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+    gemv<FP4>((bf16*)p.y[part], x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
 }
 
 extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<false>(p, x, t); }

@@ -15,8 +15,12 @@ use crate::CudaBackend;
 pub(crate) const MAX_T: usize = 8;
 /// Most weights of one launch (`GEMV_MAX_PARTS`).
 pub(crate) const MAX_PARTS: usize = 4;
-/// Rows per block: 4 warps of `GEMV_ROWS` = 2 rows.
-const ROWS_PER_BLOCK: usize = 8;
+/// Rows per warp (`GEMV_ROWS`); a block's 4 warps take 4 / ks row pairs, ks warps per pair.
+const ROWS_PER_GROUP: usize = 2;
+/// Blocks (of one warp per row pair) below which rows are split over 4 warps, and over 2: about
+/// 8 and 32 warps per SM of the H200's 132, what keeps enough loads in flight.
+const SPLIT_4_BELOW: usize = 1024;
+const SPLIT_2_BELOW: usize = 4096;
 
 /// `struct GemvParts` of kernels/gemv.cu.
 #[repr(C)]
@@ -27,7 +31,7 @@ struct GemvParts {
     n: [i32; MAX_PARTS],
     first_block: [i32; MAX_PARTS],
     parts: i32,
-    pad: i32,
+    ks: i32,
 }
 
 // SAFETY: #[repr(C)] plain data laid out as the CUDA struct (4 x 32-byte WeightDesc, 4 u64,
@@ -64,8 +68,16 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         n: [0; MAX_PARTS],
         first_block: [0; MAX_PARTS],
         parts: parts.len() as i32,
-        pad: 0,
+        ks: 1,
     };
+    let pairs: usize = parts.iter().map(|(w, _)| w.dims().0.div_ceil(ROWS_PER_GROUP)).sum();
+    let ks = match pairs.div_ceil(4) {
+        b if b < SPLIT_4_BELOW => 4,
+        b if b < SPLIT_2_BELOW => 2,
+        _ => 1,
+    };
+    p.ks = ks as i32;
+    let rows_per_block = 4 / ks * ROWS_PER_GROUP;
     let mut blocks = 0;
     for (i, (w, y)) in parts.iter().enumerate() {
         let n = w.dims().0;
@@ -73,7 +85,7 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         p.y[i] = *y;
         p.n[i] = i32_of(n, "linear outputs")?;
         p.first_block[i] = i32_of(blocks, "linear blocks")?;
-        blocks += n.div_ceil(ROWS_PER_BLOCK);
+        blocks += n.div_ceil(rows_per_block);
     }
     let ti = t as i32;
     let mut l = Overlapped::new(b, f);
@@ -83,8 +95,8 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 rows per
-    // block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
+    // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows
+    // per block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
     // desc describes a live [n_i, k] weight of this kernel's format whose rows are whole 16-byte
     // chunks (kernel_for); x holds t * k values, each y[i] t * n[i]. The kernel reads only weights
     // before grid_dep_wait.

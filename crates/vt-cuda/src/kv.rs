@@ -138,7 +138,7 @@ pub(crate) fn attention(
     // must not move under it.
     let recording = b.recording();
     if recording.is_some() {
-        check(crate::attn_decode::fits(t, head_dim) && cache.fits(start + t), op, || {
+        check(t == 1 && cache.fits(start + t), op, || {
             format!(
                 "a recorded step needs one token over a reserved cache ({t} tokens, {} of {} rows)",
                 start + t,
@@ -147,6 +147,7 @@ pub(crate) fn attention(
         })?;
     }
     let start_at = recording.map(|r| r.pos_at(op, start)).transpose()?;
+    let start_ptr = start_at.unwrap_or(0);
     let (kc, vc) = cache.reserve(t)?;
     let out = b.empty(DType::BF16, q.shape())?;
     let po = out.buffer().ptr();
@@ -188,6 +189,7 @@ pub(crate) fn attention(
             .arg(&hkv)
             .arg(&d)
             .arg(&s)
+            .arg(&start_ptr)
             .arg(&window)
             .arg(&p.scale);
         let cfg = LaunchConfig {
@@ -196,13 +198,13 @@ pub(crate) fn attention(
             shared_mem_bytes: 0,
         };
         // SAFETY: attention(bf16* out, q, k, v, const bf16* kc, const bf16* vc, int t, int q_heads,
-        // int kv_heads, int d, int start, int window, float scale): one warp per (token, head); q/out
-        // [t, q_heads, d], k/v [t, kv_heads, d] (checked); the cache holds every position before
-        // `start` that a query can see (all of them, or the last window - 1 in the ring).
+        // int kv_heads, int d, int start, const int* start_at, int window, float scale): one warp
+        // per (token, head); q/out [t, q_heads, d], k/v [t, kv_heads, d] (checked); the cache holds
+        // every position before `start` that a query can see (all of them, or the last window - 1
+        // in the ring); start_at is 0 or a recording's position, one its replays check fits.
         launched(unsafe { l.launch(cfg) }, "attention")?;
     }
     let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
-    let start_ptr = start_at.unwrap_or(0);
     let mut l = b.stream().launch_builder(&b.k().kv_append);
     l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&start_ptr).arg(&window);
     // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,

@@ -408,8 +408,9 @@ fn gated_delta_rule_chunked_prefill() {
 #[test]
 fn linear_decode_gemv_few_tokens() {
     let mut r = Rng(0x6e3f);
-    // Rows not a multiple of the 8 rows of a block, inputs of several 4-chunk batches and a tail.
-    for (n, k) in [(37, 1024), (300, 96), (8, 4096)] {
+    // Rows not a multiple of a block's rows, inputs of several 4-chunk batches and a tail; few
+    // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair).
+    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64)] {
         for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
             for t in [1, 3, 8] {
                 let x = r.vec(t * k, 2.0);
