@@ -131,6 +131,47 @@ fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path) -> Result<Row> {
     })
 }
 
+/// The NVFP4 linear (W4A16 tensor-core kernel) at `[t, k] x [n, k]^T` beside cuBLASLt's bf16 GEMM of
+/// the same shape, same input; random codes and scales of the size real checkpoints carry.
+fn nvfp4_linear(b: &CudaBackend, pool: &Pool, t: usize, n: usize, k: usize) -> Result<[Row; 2]> {
+    let mut s = 0x2545_f491_4f6c_dd1du64 ^ (n * k) as u64;
+    let mut bytes = |len: usize, f: fn(u8) -> u8| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                f((s >> 32) as u8)
+            })
+            .collect()
+    };
+    let codes = b.upload(DType::F4x2, &[n, k], &bytes(n * k / 2, |v| v))?;
+    let scales = b.upload(DType::F8E4M3, &[n, k / 16], &bytes(n * k / 16, |v| 0x30 + (v & 0x0f)))?;
+    let global = 0.5 / (k as f32).sqrt();
+    let w4 = Linear::new(b, Weight::Nvfp4(vt_core::Nvfp4 { codes, scales, global_scale: global }));
+    let dense = Linear::new(b, Weight::Dense(pool.tensor(b, &[n, k], 41, 1.0 / (k as f32).sqrt())?));
+    let x = pool.tensor(b, &[t, k], 40, 1.0)?;
+    let flops = 2.0 * (t * n * k) as f64;
+    let ms4 = b.time_ms(runs().0, runs().1, || b.linear(&x, &w4).map(drop))?;
+    let ms16 = b.time_ms(runs().0, runs().1, || b.linear(&x, &dense).map(drop))?;
+    eprintln!(
+        "nvfp4 linear t={t} n={n} k={k}: {ms4:.3} ms ({:.0} TFLOP/s), bf16 cuBLASLt {ms16:.3} ms ({:.0} TFLOP/s): nvfp4 / bf16 time {:.2}",
+        flops / (ms4 as f64 * 1e9),
+        flops / (ms16 as f64 * 1e9),
+        ms4 / ms16
+    );
+    let io = ((t * k + t * n) * 2) as f64;
+    Ok([
+        Row { name: format!("linear nvfp4 t={t} n={n} k={k}"), ms: ms4, flops, bytes: io + (n * k) as f64 * 0.5625 },
+        Row {
+            name: format!("linear bf16 cublaslt t={t} n={n} k={k}"),
+            ms: ms16,
+            flops,
+            bytes: io + (n * k * 2) as f64,
+        },
+    ])
+}
+
 fn attention(b: &CudaBackend, pool: &Pool, t: usize) -> Result<Row> {
     let (hq, hkv, d) = (16, 2, 256);
     let q = pool.tensor(b, &[t, hq, d], 20, 1.0)?;
@@ -182,7 +223,15 @@ fn main() -> Result<()> {
     eprintln!("copy {:.2} TB/s, bf16 GEMM {:.0} TFLOP/s", r.copy / 1e12, r.gemm / 1e12);
     let mut lines = Vec::new();
     // A failing case is reported and the rest still run (unless it broke the context).
-    for row in [moe(&b, &pool, &out), attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)] {
+    let mut cases = Vec::new();
+    for (n, k) in [(8192, 2048), (12352, 2048), (2048, 8192)] {
+        match nvfp4_linear(&b, &pool, 4096, n, k) {
+            Ok(rows) => cases.extend(rows.map(Ok)),
+            Err(e) => cases.push(Err(e)),
+        }
+    }
+    cases.extend([moe(&b, &pool, &out), attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)]);
+    for row in cases {
         match row {
             Ok(row) => {
                 let line = row.json(&r);

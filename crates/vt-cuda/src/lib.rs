@@ -40,6 +40,8 @@ mod moe_decode;
 #[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]
+mod w4a16;
+#[cfg(feature = "cuda")]
 mod weight;
 
 #[cfg(feature = "cuda")]

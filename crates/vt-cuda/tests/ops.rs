@@ -403,6 +403,70 @@ fn gated_delta_rule_chunked_prefill() {
     }
 }
 
+/// `W` of an NVFP4 weight as f32, as vt-cpu decodes it (`e2m1 * (scale * global)`).
+fn nvfp4_values(hw: &HostWeight) -> Vec<f32> {
+    let HostWeight::Nvfp4 { n, k, codes, scales, global } = hw else { panic!("not an NVFP4 weight") };
+    (0..n * k)
+        .map(|i| {
+            let code = if i % 2 == 0 { codes[i / 2] & 15 } else { codes[i / 2] >> 4 };
+            vt_core::dtype::e2m1_to_f32(code) * (vt_core::dtype::f8e4m3_to_f32(scales[i / 16]) * global)
+        })
+        .collect()
+}
+
+/// NVFP4 linear past the GEMV's 8 tokens: the tensor-core kernel (kernels/w4a16.cu). Tokens in
+/// one, several and a partial 128-row tile; weight rows and inputs not multiples of the 128 x 64
+/// weight tiles; a single row; scales over the whole fp8 range (subnormal and negative included).
+///
+/// Bound, from the arithmetic: the GPU's bf16 weight e2m1 x e4m3 is exact (2 x 4 significant bits
+/// fit bf16's 8, and bf16 has f32's exponent range); products of bf16 are exact in f32; the sums
+/// over k err by at most k ulps of f32 (2^-23 each, loosely covering the tensor cores' truncating
+/// adds) relative to S = sum_j |x_j w_j|; the global multiplier is one more f32 rounding, and the
+/// output's rounding to bf16 (7 stored bits) at most 2^-8 |y|. The CPU rounds scale * global and
+/// its product with e2m1 (2^-23 |w| together) and sums in f32 (k ulps). So
+/// |gpu - cpu| <= 2^-8 |y| + (2k + 2) 2^-23 S, taken with the largest S over the outputs.
+#[test]
+fn linear_nvfp4_prefill_tensor_cores() {
+    let mut r = Rng(0x4a16);
+    let full_range = |r: &mut Rng, n: usize, k: usize| {
+        // Any fp8 scale but NaN (S.1111.111).
+        let scales = r.bytes(n * k / 16).into_iter().map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b }).collect();
+        HostWeight::Nvfp4 { n, k, codes: r.bytes(n * k / 2), scales, global: 1.7e-3 }
+    };
+    let cases = [
+        (HostWeight::nvfp4(&mut r, 300, 208), [9, 128, 300]),
+        (HostWeight::nvfp4(&mut r, 256, 2048), [130, 256, 17]),
+        (HostWeight::nvfp4(&mut r, 1, 48), [40, 129, 9]),
+        (full_range(&mut r, 136, 336), [64, 200, 11]),
+    ];
+    for (hw, ts) in &cases {
+        let HostWeight::Nvfp4 { n, k, .. } = *hw else { unreachable!() };
+        let w = nvfp4_values(hw);
+        for &t in ts {
+            let x = r.vec(t * k, 2.0);
+            let cpu = {
+                let b = &CpuBackend::new();
+                out(b, &b.linear(&act(b, &[t, k], &x), &Linear::new(b, hw.upload(b))).unwrap())
+            };
+            let b = &cuda();
+            let lin = Linear::new(b, hw.upload(b));
+            let xg = act(b, &[t, k], &x);
+            let gpu = out(b, &b.linear(&xg, &lin).unwrap());
+            assert!(!lin.resident.is_empty(), "the repacked weight lives in the Linear's resident slot");
+            assert_eq!(gpu, out(b, &b.linear(&xg, &lin).unwrap()), "second call, from the resident copy");
+            let s = (0..t)
+                .flat_map(|i| {
+                    let (x, w) = (&x, &w);
+                    (0..n).map(move |o| (0..k).map(|j| (x[i * k + j] * w[o * k + j]).abs()).sum::<f32>())
+                })
+                .fold(0.0f32, f32::max);
+            let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+            let bound = U + (2 * k + 2) as f32 * 2f32.powi(-23) * s / scale;
+            report(&format!("linear nvfp4 tensor cores [{n}, {k}] t={t}"), bound, &gpu, &cpu);
+        }
+    }
+}
+
 // ---- Decode kernels (GEMV, fused MoE block, fused GDN step, split-KV attention, random fill) ----
 
 #[test]
