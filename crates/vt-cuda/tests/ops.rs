@@ -279,15 +279,11 @@ fn moe_every_router_and_expert_format() {
                 ],
             })
             .collect();
-        // bf16 experts take the grouped prefill path, which rounds the SwiGLU activations to bf16.
-        let bound = if format == "bf16" { 2.0 * U } else { U };
+        // Both formats take the grouped prefill path, which rounds the SwiGLU activations to bf16.
+        let bound = 2.0 * U;
         for kind in &kinds {
             on_both!(&format!("moe {format} {kind:?}"), bound, |b| {
-                let ex = experts
-                    .iter()
-                    .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                    .collect();
-                let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                let moe = upload_experts(b, &experts, h, inter);
                 let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                 let router = Router {
                     weight: Linear::new(b, router_w.upload(b)),
@@ -303,44 +299,65 @@ fn moe_every_router_and_expert_format() {
     }
 }
 
+fn upload_experts<B: Backend>(b: &B, experts: &[[HostWeight; 3]], h: usize, inter: usize) -> MoeExperts<B> {
+    let ex = experts.iter().map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) }).collect();
+    MoeExperts::new(b, "experts", ex, h, inter).unwrap()
+}
+
 // ---- Prefill kernels (grouped MoE GEMMs, flash attention, chunked GDN) on the shapes they take ----
 
 #[test]
 fn moe_grouped_prefill() {
     let mut r = Rng(0x9a0e);
-    // Several tiles per expert; hidden and intermediate not multiples of the 32-wide K steps or
-    // the 128-row N tiles, so every tail is exercised.
-    let (t, h, inter, n_exp) = (300, 200, 72, 16);
+    // Several tiles per expert; hidden and intermediate not multiples of the K steps (32 for bf16,
+    // 64 for NVFP4) or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples of 16).
+    let (t, n_exp) = (300, 16);
     let kinds = [
         RouterKind::Softmax { top_k: 4, renormalize: true },
         RouterKind::Sigmoid { top_k: 3, softcap: Some(3.0), renormalize: false, routed_scaling: 2.5 },
     ];
-    let x = r.vec(t * h, 2.0);
-    let router_w = HostWeight::bf16(&mut r, n_exp, h);
-    let bias = r.vec(n_exp, 0.1);
-    let experts: Vec<[HostWeight; 3]> = (0..n_exp)
-        .map(|_| {
-            [HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, h, inter)]
-        })
-        .collect();
-    for kind in &kinds {
-        // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM.
-        on_both!(&format!("moe grouped prefill {kind:?}"), 2.0 * U, |b| {
-            let ex = experts
-                .iter()
-                .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                .collect();
-            let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
-            let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
-            let router = Router {
-                weight: Linear::new(b, router_w.upload(b)),
-                kind: kind.clone(),
-                correction_bias: sigmoid.then(|| small(b, &bias)),
-            };
-            let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
-            assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
-            first
-        });
+    for (format, h, inter) in [("bf16", 200, 72), ("nvfp4", 208, 80)] {
+        let x = r.vec(t * h, 2.0);
+        let router_w = HostWeight::bf16(&mut r, n_exp, h);
+        let bias = r.vec(n_exp, 0.1);
+        let weight = |r: &mut Rng, n, k| match format {
+            "bf16" => HostWeight::bf16(r, n, k),
+            _ => HostWeight::nvfp4(r, n, k),
+        };
+        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
+            .map(|_| [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)])
+            .collect();
+        for kind in &kinds {
+            // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights enter
+            // the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for both.
+            on_both!(&format!("moe grouped prefill {format} {kind:?}"), 2.0 * U, |b| {
+                let moe = upload_experts(b, &experts, h, inter);
+                let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+                let router = Router {
+                    weight: Linear::new(b, router_w.upload(b)),
+                    kind: kind.clone(),
+                    correction_bias: sigmoid.then(|| small(b, &bias)),
+                };
+                let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
+                assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
+                first
+            });
+        }
+        if format == "nvfp4" {
+            // The first prefill leaves the repacked experts (4608-byte tiles of 128 rows x 64
+            // inputs) in the layer's resident table, beside the fused gate/up codes and scales.
+            let b = &cuda();
+            let moe = upload_experts(b, &experts, h, inter);
+            let router =
+                Router { weight: Linear::new(b, router_w.upload(b)), kind: kinds[0].clone(), correction_bias: None };
+            let xg = act(b, &[t, h], &x);
+            let before = b.memory().bytes_live;
+            drop(b.moe(&xg, &router, &moe).unwrap());
+            let tiles = (2 * inter).div_ceil(128) * h.div_ceil(64) + h.div_ceil(128) * inter.div_ceil(64);
+            let fused = 2 * inter * h / 2 + 2 * inter * h / 16;
+            let grown = b.memory().bytes_live - before;
+            assert!(grown >= n_exp * (4608 * tiles + fused), "only {grown} bytes kept after the first NVFP4 prefill");
+        }
     }
 }
 
@@ -533,11 +550,7 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
             for (shared_kind, t) in [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)] {
                 let x = r.vec(t * h, 2.0);
                 on_both!(&format!("moe_block decode {format} {kind:?} shared {shared_kind} t={t}"), U, |b| {
-                    let ex = experts
-                        .iter()
-                        .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                        .collect();
-                    let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                    let moe = upload_experts(b, &experts, h, inter);
                     let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                     let router = Router {
                         weight: Linear::new(b, router_w.upload(b)),
