@@ -97,7 +97,8 @@ impl Row {
     }
 }
 
-fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path) -> Result<Row> {
+/// The routed-experts block at prefill, experts in bf16 or NVFP4 (same input and router).
+fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path, nvfp4_experts: bool) -> Result<Row> {
     let (t, h, inter, n_exp, top_k) = (4096, 2048, 512, 256, 8);
     let x_bytes = pool.bytes(t * h, 10, 1.0);
     let r_bytes = pool.bytes(n_exp * h, 11, 0.05);
@@ -113,22 +114,72 @@ fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path) -> Result<Row> {
     let scale = 1.0 / (h as f32).sqrt();
     let experts = (0..n_exp)
         .map(|e| {
+            let weight = |n, k, seed| match nvfp4_experts {
+                true => nvfp4(b, n, k, seed as u64),
+                false => Ok(Weight::Dense(pool.tensor(b, &[n, k], seed, scale)?)),
+            };
             Ok(Expert {
-                gate: Weight::Dense(pool.tensor(b, &[inter, h], 100 + 3 * e, scale)?),
-                up: Weight::Dense(pool.tensor(b, &[inter, h], 101 + 3 * e, scale)?),
-                down: Weight::Dense(pool.tensor(b, &[h, inter], 102 + 3 * e, scale)?),
+                gate: weight(inter, h, 100 + 3 * e)?,
+                up: weight(inter, h, 101 + 3 * e)?,
+                down: weight(h, inter, 102 + 3 * e)?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     let experts = MoeExperts::new(b, "experts", experts, h, inter)?;
     let ms = b.time_ms(runs().0, runs().1, || b.moe(&x, &router, &experts).map(drop))?;
-    let weight_bytes = (3 * n_exp * h * inter * 2) as f64;
+    let weight_bytes = (3 * n_exp * h * inter) as f64 * if nvfp4_experts { 0.5625 } else { 2.0 };
     Ok(Row {
-        name: format!("moe t={t} h={h} i={inter} e={n_exp} k={top_k}"),
+        name: format!("moe {} t={t} h={h} i={inter} e={n_exp} k={top_k}", if nvfp4_experts { "nvfp4" } else { "bf16" }),
         ms,
         flops: 6.0 * (t * top_k * h * inter) as f64,
         bytes: weight_bytes,
     })
+}
+
+/// A random NVFP4 weight `[n, k]`: codes uniform, scales around 2^-1..2^0 (fp8 exponents 6, 7),
+/// the global multiplier `0.5 / sqrt(k)`, so outputs stay of the inputs' size.
+fn nvfp4(b: &CudaBackend, n: usize, k: usize, seed: u64) -> Result<Weight<CudaBackend>> {
+    let mut s = 0x2545_f491_4f6c_dd1du64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut bytes = |len: usize, f: fn(u8) -> u8| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                f((s >> 32) as u8)
+            })
+            .collect()
+    };
+    let codes = b.upload(DType::F4x2, &[n, k], &bytes(n * k / 2, |v| v))?;
+    let scales = b.upload(DType::F8E4M3, &[n, k / 16], &bytes(n * k / 16, |v| 0x30 + (v & 0x0f)))?;
+    Ok(Weight::Nvfp4(vt_core::Nvfp4 { codes, scales, global_scale: 0.5 / (k as f32).sqrt() }))
+}
+
+/// The NVFP4 linear (W4A16 tensor-core kernel) at `[t, k] x [n, k]^T` beside cuBLASLt's bf16 GEMM of
+/// the same shape, same input.
+fn nvfp4_linear(b: &CudaBackend, pool: &Pool, t: usize, n: usize, k: usize) -> Result<[Row; 2]> {
+    let w4 = Linear::new(b, nvfp4(b, n, k, (n * k) as u64)?);
+    let dense = Linear::new(b, Weight::Dense(pool.tensor(b, &[n, k], 41, 1.0 / (k as f32).sqrt())?));
+    let x = pool.tensor(b, &[t, k], 40, 1.0)?;
+    let flops = 2.0 * (t * n * k) as f64;
+    let ms4 = b.time_ms(runs().0, runs().1, || b.linear(&x, &w4).map(drop))?;
+    let ms16 = b.time_ms(runs().0, runs().1, || b.linear(&x, &dense).map(drop))?;
+    eprintln!(
+        "nvfp4 linear t={t} n={n} k={k}: {ms4:.3} ms ({:.0} TFLOP/s), bf16 cuBLASLt {ms16:.3} ms ({:.0} TFLOP/s): nvfp4 / bf16 time {:.2}",
+        flops / (ms4 as f64 * 1e9),
+        flops / (ms16 as f64 * 1e9),
+        ms4 / ms16
+    );
+    let io = ((t * k + t * n) * 2) as f64;
+    Ok([
+        Row { name: format!("linear nvfp4 t={t} n={n} k={k}"), ms: ms4, flops, bytes: io + (n * k) as f64 * 0.5625 },
+        Row {
+            name: format!("linear bf16 cublaslt t={t} n={n} k={k}"),
+            ms: ms16,
+            flops,
+            bytes: io + (n * k * 2) as f64,
+        },
+    ])
 }
 
 fn attention(b: &CudaBackend, pool: &Pool, t: usize) -> Result<Row> {
@@ -182,7 +233,26 @@ fn main() -> Result<()> {
     eprintln!("copy {:.2} TB/s, bf16 GEMM {:.0} TFLOP/s", r.copy / 1e12, r.gemm / 1e12);
     let mut lines = Vec::new();
     // A failing case is reported and the rest still run (unless it broke the context).
-    for row in [moe(&b, &pool, &out), attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)] {
+    let mut cases = Vec::new();
+    for (n, k) in [(8192, 2048), (12352, 2048), (2048, 8192)] {
+        match nvfp4_linear(&b, &pool, 4096, n, k) {
+            Ok(rows) => cases.extend(rows.map(Ok)),
+            Err(e) => cases.push(Err(e)),
+        }
+    }
+    let (moe16, moe4) = (moe(&b, &pool, &out, false), moe(&b, &pool, &out, true));
+    if let (Ok(m16), Ok(m4)) = (&moe16, &moe4) {
+        eprintln!(
+            "nvfp4 MoE prefill {:.3} ms ({:.0} TFLOP/s, {:.2} of the bf16 GEMM rate), bf16 grouped {:.3} ms: nvfp4 / bf16 time {:.2}",
+            m4.ms,
+            m4.flops / (m4.ms as f64 * 1e9),
+            m4.flops / (m4.ms as f64 * 1e-3) / r.gemm,
+            m16.ms,
+            m4.ms / m16.ms
+        );
+    }
+    cases.extend([moe16, moe4, attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)]);
+    for row in cases {
         match row {
             Ok(row) => {
                 let line = row.json(&r);

@@ -325,7 +325,7 @@ impl Backend for CudaBackend {
         let (px, t) = (act(x, "linear")?, x.rows());
         let out = self.empty(DType::BF16, &with_last(x.shape(), n))?;
         let py = out.buffer().ptr();
-        if crate::gemv::gemv(self, px, t, &[(&w.weight, py)])? {
+        if crate::gemv::gemv(self, px, t, &[(&w.weight, py)])? || crate::w4a16::linear(self, px, t, w, py)? {
             return Ok(out);
         }
         if let Weight::Dense(wt) = &w.weight {

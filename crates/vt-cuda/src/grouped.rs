@@ -1,9 +1,9 @@
 //! The routed-experts block for many tokens (prefill) as grouped tensor-core GEMMs
-//! (kernels/moe_prefill.cu): router logits through cuBLASLt in f32, routing and expert-sorted
-//! slots on the device, the gate/up and down GEMMs over the expert table that moe.rs keeps in the
-//! `MoeExperts`' resident slot, and the combine. Nothing waits for the host: the number of tiles
-//! is only known on the device, so the grids cover the most tiles any routing can need and the
-//! spare blocks return at once.
+//! (kernels/moe_prefill.cu for bf16 experts, kernels/w4a16.cu for NVFP4): router logits through
+//! cuBLASLt in f32, routing and expert-sorted slots on the device, the gate/up and down GEMMs over
+//! the expert table that moe.rs keeps in the `MoeExperts`' resident slot, and the combine. Nothing
+//! waits for the host: the number of tiles is only known on the device, so the grids cover the
+//! most tiles any routing can need and the spare blocks return at once.
 //!
 //! The SwiGLU activations are rounded to bf16 for the down GEMM's tensor cores (vt-cpu keeps
 //! them in f32), one extra rounding of relative size u/2.
@@ -14,7 +14,9 @@ use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 
 use crate::alloc::driver_err;
 use crate::backend::{act, err, grid1, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::kernels::allow_shared;
 use crate::moe::{build_table, router_args};
+use crate::w4a16;
 use crate::weight::float_code;
 use crate::CudaBackend;
 
@@ -36,8 +38,12 @@ fn is_bf16(w: &Weight<CudaBackend>) -> bool {
     matches!(w, Weight::Dense(t) if t.dtype() == DType::BF16)
 }
 
-/// Whether this layer and batch take the grouped path: several tokens, bf16 router and experts,
-/// and shapes the kernels and cuBLASLt take (16-byte rows, at most 512 experts).
+fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
+    matches!(w, Weight::Nvfp4(_))
+}
+
+/// Whether this layer and batch take the grouped path: several tokens, a bf16 router, experts all
+/// bf16 or all NVFP4, and shapes the kernels and cuBLASLt take (16-byte rows, at most 512 experts).
 pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     x.rows() > 1
@@ -50,7 +56,7 @@ pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, expert
         && (1..=MAX_TOP_K.min(n_exp)).contains(&router.kind.top_k())
         && is_bf16(&router.weight.weight)
         && router.weight.weight.dims() == (n_exp, h)
-        && experts.experts.iter().all(|e| is_bf16(&e.gate) && is_bf16(&e.up) && is_bf16(&e.down))
+        && [is_bf16, is_nvfp4].iter().any(|f| experts.experts.iter().all(|e| f(&e.gate) && f(&e.up) && f(&e.down)))
 }
 
 pub(crate) fn moe(
@@ -69,7 +75,16 @@ pub(crate) fn moe(
         Some(c) => return Err(err(format!("{op}: correction bias {:?} for {n_exp} experts", c.shape()))),
         None => (0u64, 0i32),
     };
-    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
+    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
+    // NVFP4 experts run the W4A16 kernels over the repacked copies, with the same arguments.
+    let (table, gate_up, down, threads, shared) = if is_nvfp4(&experts.experts[0].gate) {
+        let (gu, dn) = (&b.k().moe_w4_gate_up, &b.k().moe_w4_down);
+        allow_shared(gu, w4a16::MOE_SHARED, "moe_w4_gate_up")?;
+        allow_shared(dn, w4a16::MOE_SHARED, "moe_w4_down")?;
+        (table.packed(b, inter, h)?.descs(), gu, dn, 256, w4a16::MOE_SHARED)
+    } else {
+        (table.descs(), &b.k().moe_gemm_gate_up, &b.k().moe_gemm_down, 128, GEMM_SHARED)
+    };
     let Weight::Dense(rw) = &router.weight.weight else { unreachable!("fits() checked a dense router") };
 
     let logits = b.buffer(t * n_exp * 4)?;
@@ -147,23 +162,25 @@ pub(crate) fn moe(
 
     let gemm_cfg = |n_out: usize| LaunchConfig {
         grid_dim: (n_out.div_ceil(TILE_COLS) as u32, max_tiles as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: GEMM_SHARED as u32,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared as u32,
     };
-    let mut l = b.stream().launch_builder(&b.k().moe_gemm_gate_up);
+    let mut l = b.stream().launch_builder(gate_up);
     l.arg(&pact).arg(&px).arg(&psort).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
-    // SAFETY: moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc*
-    // table, const int* tiles, const int* n_tiles, const int* counts, const int* offsets, int
-    // inter, int hidden): each expert's fused gate/up is a bf16 [2 * inter, h] (fits), h and inter
-    // are multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots
-    // rows of act [slots, inter]; sorted_tok < t rows of x.
-    launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe_gemm_gate_up")?;
-    let mut l = b.stream().launch_builder(&b.k().moe_gemm_down);
+    // SAFETY: moe_gemm_gate_up / moe_w4_gate_up(bf16* act, const bf16* x, const int* sorted_tok,
+    // const WeightDesc* table, const int* tiles, const int* n_tiles, const int* counts, const int*
+    // offsets, int inter, int hidden), block size and shared memory as each kernel wants (allowed
+    // above): each expert's fused gate/up is a [2 * inter, h] bf16 matrix, or NVFP4 repacked to
+    // the w4 kernels' tiles (fits, and the table picked with the kernels); h and inter are
+    // multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots rows
+    // of act [slots, inter]; sorted_tok < t rows of x.
+    launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe gate/up GEMM")?;
+    let mut l = b.stream().launch_builder(down);
     l.arg(&py).arg(&pact).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
-    // SAFETY: moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, the same four
-    // tile arrays, int inter, int hidden): each expert's down is a bf16 [h, inter]; y is
-    // [slots, h] f32, rows as above.
-    launched(unsafe { l.launch(gemm_cfg(h)) }, "moe_gemm_down")?;
+    // SAFETY: moe_gemm_down / moe_w4_down(float* y, const bf16* act, const WeightDesc* table, the
+    // same four tile arrays, int inter, int hidden): each expert's down is [h, inter] in the
+    // format of the table as above; y is [slots, h] f32, rows as above.
+    launched(unsafe { l.launch(gemm_cfg(h)) }, "moe down GEMM")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_combine);
     l.arg(&pout).arg(&py).arg(&ppos).arg(&pids).arg(&pw).arg(&tk).arg(&hi);

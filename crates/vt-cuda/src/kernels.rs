@@ -61,6 +61,7 @@ kernels! {
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],
     "gdn_chunk.cu" => [gdn_chunk_prep_v64, gdn_chunk_scan_v64, gdn_chunk_prep_v128, gdn_chunk_scan_v128],
+    "w4a16.cu" => [w4a16_repack, w4a16_gemm, moe_w4_gate_up, moe_w4_down],
 }
 
 /// Lets `f` use `bytes` of dynamic shared memory (above the 48 KiB a launch gets by default).

@@ -42,6 +42,8 @@ mod record;
 #[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]
+mod w4a16;
+#[cfg(feature = "cuda")]
 mod weight;
 
 #[cfg(feature = "cuda")]

@@ -4,13 +4,18 @@
 //! `MoeExperts`' own `ResidentSlot`, as vt-cpu does: each expert's gate and up rows repacked
 //! pairwise into one matrix (one pass over the input yields both halves of each SwiGLU unit) and a
 //! device array of `WeightDesc` (fused gate/up, down) per expert that the kernels index by expert
-//! id. The array points into the fused copies and into each expert's own down projection.
+//! id. The array points into the fused copies and into each expert's own down projection. NVFP4
+//! experts also get, at their first grouped prefill, a second array over tensor-core repacked
+//! copies of the same matrices (w4a16.rs), kept in the same table.
+
+use std::sync::OnceLock;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor, Weight, NVFP4_GROUP};
 
 use crate::alloc::CudaBuffer;
 use crate::backend::{act, check, grid1, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::w4a16::PackedExperts;
 use crate::weight::{float_code, WeightDesc, DT_NVFP4};
 use crate::CudaBackend;
 
@@ -19,12 +24,27 @@ pub struct CudaExpertTable {
     _fused: Vec<CudaBuffer>,
     /// `[experts, 2]` `WeightDesc`s: fused gate/up, down.
     table: CudaBuffer,
+    /// The same, on the host (what the tensor-core layout is derived from).
+    host: Vec<WeightDesc>,
+    /// NVFP4 experts in the tensor-core layout, built at the first grouped prefill.
+    packed: OnceLock<PackedExperts>,
 }
 
 impl CudaExpertTable {
     /// Device address of the `[experts, 2]` `WeightDesc` array (grouped.rs reads it too).
     pub(crate) fn descs(&self) -> u64 {
         self.table.ptr()
+    }
+
+    /// The NVFP4 experts' repacked table (w4a16.rs), built on first use and kept with this one.
+    /// Concurrent first uses may both build; one is kept (the other's buffers free in stream
+    /// order, after its repack ran).
+    pub(crate) fn packed(&self, b: &CudaBackend, inter: usize, hidden: usize) -> Result<&PackedExperts> {
+        if let Some(p) = self.packed.get() {
+            return Ok(p);
+        }
+        let built = PackedExperts::new(b, &self.host, inter, hidden)?;
+        Ok(self.packed.get_or_init(|| built))
     }
 }
 
@@ -88,7 +108,7 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
         };
         descs.extend([gu, WeightDesc::of(&ex.down, "moe")?]);
     }
-    Ok(CudaExpertTable { _fused: fused, table: b.upload_slice(&descs)? })
+    Ok(CudaExpertTable { _fused: fused, table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
 
 /// The routing kernel's `kind`, renormalisation, softcap and scaling for a router.

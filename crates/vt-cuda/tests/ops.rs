@@ -279,15 +279,11 @@ fn moe_every_router_and_expert_format() {
                 ],
             })
             .collect();
-        // bf16 experts take the grouped prefill path, which rounds the SwiGLU activations to bf16.
-        let bound = if format == "bf16" { 2.0 * U } else { U };
+        // Both formats take the grouped prefill path, which rounds the SwiGLU activations to bf16.
+        let bound = 2.0 * U;
         for kind in &kinds {
             on_both!(&format!("moe {format} {kind:?}"), bound, |b| {
-                let ex = experts
-                    .iter()
-                    .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                    .collect();
-                let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                let moe = upload_experts(b, &experts, h, inter);
                 let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                 let router = Router {
                     weight: Linear::new(b, router_w.upload(b)),
@@ -303,44 +299,65 @@ fn moe_every_router_and_expert_format() {
     }
 }
 
+fn upload_experts<B: Backend>(b: &B, experts: &[[HostWeight; 3]], h: usize, inter: usize) -> MoeExperts<B> {
+    let ex = experts.iter().map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) }).collect();
+    MoeExperts::new(b, "experts", ex, h, inter).unwrap()
+}
+
 // ---- Prefill kernels (grouped MoE GEMMs, flash attention, chunked GDN) on the shapes they take ----
 
 #[test]
 fn moe_grouped_prefill() {
     let mut r = Rng(0x9a0e);
-    // Several tiles per expert; hidden and intermediate not multiples of the 32-wide K steps or
-    // the 128-row N tiles, so every tail is exercised.
-    let (t, h, inter, n_exp) = (300, 200, 72, 16);
+    // Several tiles per expert; hidden and intermediate not multiples of the K steps (32 for bf16,
+    // 64 for NVFP4) or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples of 16).
+    let (t, n_exp) = (300, 16);
     let kinds = [
         RouterKind::Softmax { top_k: 4, renormalize: true },
         RouterKind::Sigmoid { top_k: 3, softcap: Some(3.0), renormalize: false, routed_scaling: 2.5 },
     ];
-    let x = r.vec(t * h, 2.0);
-    let router_w = HostWeight::bf16(&mut r, n_exp, h);
-    let bias = r.vec(n_exp, 0.1);
-    let experts: Vec<[HostWeight; 3]> = (0..n_exp)
-        .map(|_| {
-            [HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, inter, h), HostWeight::bf16(&mut r, h, inter)]
-        })
-        .collect();
-    for kind in &kinds {
-        // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM.
-        on_both!(&format!("moe grouped prefill {kind:?}"), 2.0 * U, |b| {
-            let ex = experts
-                .iter()
-                .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                .collect();
-            let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
-            let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
-            let router = Router {
-                weight: Linear::new(b, router_w.upload(b)),
-                kind: kind.clone(),
-                correction_bias: sigmoid.then(|| small(b, &bias)),
-            };
-            let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
-            assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
-            first
-        });
+    for (format, h, inter) in [("bf16", 200, 72), ("nvfp4", 208, 80)] {
+        let x = r.vec(t * h, 2.0);
+        let router_w = HostWeight::bf16(&mut r, n_exp, h);
+        let bias = r.vec(n_exp, 0.1);
+        let weight = |r: &mut Rng, n, k| match format {
+            "bf16" => HostWeight::bf16(r, n, k),
+            _ => HostWeight::nvfp4(r, n, k),
+        };
+        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
+            .map(|_| [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)])
+            .collect();
+        for kind in &kinds {
+            // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights enter
+            // the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for both.
+            on_both!(&format!("moe grouped prefill {format} {kind:?}"), 2.0 * U, |b| {
+                let moe = upload_experts(b, &experts, h, inter);
+                let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+                let router = Router {
+                    weight: Linear::new(b, router_w.upload(b)),
+                    kind: kind.clone(),
+                    correction_bias: sigmoid.then(|| small(b, &bias)),
+                };
+                let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
+                assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
+                first
+            });
+        }
+        if format == "nvfp4" {
+            // The first prefill leaves the repacked experts (4608-byte tiles of 128 rows x 64
+            // inputs) in the layer's resident table, beside the fused gate/up codes and scales.
+            let b = &cuda();
+            let moe = upload_experts(b, &experts, h, inter);
+            let router =
+                Router { weight: Linear::new(b, router_w.upload(b)), kind: kinds[0].clone(), correction_bias: None };
+            let xg = act(b, &[t, h], &x);
+            let before = b.memory().bytes_live;
+            drop(b.moe(&xg, &router, &moe).unwrap());
+            let tiles = (2 * inter).div_ceil(128) * h.div_ceil(64) + h.div_ceil(128) * inter.div_ceil(64);
+            let fused = 2 * inter * h / 2 + 2 * inter * h / 16;
+            let grown = b.memory().bytes_live - before;
+            assert!(grown >= n_exp * (4608 * tiles + fused), "only {grown} bytes kept after the first NVFP4 prefill");
+        }
     }
 }
 
@@ -400,6 +417,70 @@ fn gated_delta_rule_chunked_prefill() {
             all.extend(out(b, &state));
             all
         });
+    }
+}
+
+/// `W` of an NVFP4 weight as f32, as vt-cpu decodes it (`e2m1 * (scale * global)`).
+fn nvfp4_values(hw: &HostWeight) -> Vec<f32> {
+    let HostWeight::Nvfp4 { n, k, codes, scales, global } = hw else { panic!("not an NVFP4 weight") };
+    (0..n * k)
+        .map(|i| {
+            let code = if i % 2 == 0 { codes[i / 2] & 15 } else { codes[i / 2] >> 4 };
+            vt_core::dtype::e2m1_to_f32(code) * (vt_core::dtype::f8e4m3_to_f32(scales[i / 16]) * global)
+        })
+        .collect()
+}
+
+/// NVFP4 linear past the GEMV's 8 tokens: the tensor-core kernel (kernels/w4a16.cu). Tokens in
+/// one, several and a partial 128-row tile; weight rows and inputs not multiples of the 128 x 64
+/// weight tiles; a single row; scales over the whole fp8 range (subnormal and negative included).
+///
+/// Bound, from the arithmetic: the GPU's bf16 weight e2m1 x e4m3 is exact (2 x 4 significant bits
+/// fit bf16's 8, and bf16 has f32's exponent range); products of bf16 are exact in f32; the sums
+/// over k err by at most k ulps of f32 (2^-23 each, loosely covering the tensor cores' truncating
+/// adds) relative to S = sum_j |x_j w_j|; the global multiplier is one more f32 rounding, and the
+/// output's rounding to bf16 (7 stored bits) at most 2^-8 |y|. The CPU rounds scale * global and
+/// its product with e2m1 (2^-23 |w| together) and sums in f32 (k ulps). So
+/// |gpu - cpu| <= 2^-8 |y| + (2k + 2) 2^-23 S, taken with the largest S over the outputs.
+#[test]
+fn linear_nvfp4_prefill_tensor_cores() {
+    let mut r = Rng(0x4a16);
+    let full_range = |r: &mut Rng, n: usize, k: usize| {
+        // Any fp8 scale but NaN (S.1111.111).
+        let scales = r.bytes(n * k / 16).into_iter().map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b }).collect();
+        HostWeight::Nvfp4 { n, k, codes: r.bytes(n * k / 2), scales, global: 1.7e-3 }
+    };
+    let cases = [
+        (HostWeight::nvfp4(&mut r, 300, 208), [9, 128, 300]),
+        (HostWeight::nvfp4(&mut r, 256, 2048), [130, 256, 17]),
+        (HostWeight::nvfp4(&mut r, 1, 48), [40, 129, 9]),
+        (full_range(&mut r, 136, 336), [64, 200, 11]),
+    ];
+    for (hw, ts) in &cases {
+        let HostWeight::Nvfp4 { n, k, .. } = *hw else { unreachable!() };
+        let w = nvfp4_values(hw);
+        for &t in ts {
+            let x = r.vec(t * k, 2.0);
+            let cpu = {
+                let b = &CpuBackend::new();
+                out(b, &b.linear(&act(b, &[t, k], &x), &Linear::new(b, hw.upload(b))).unwrap())
+            };
+            let b = &cuda();
+            let lin = Linear::new(b, hw.upload(b));
+            let xg = act(b, &[t, k], &x);
+            let gpu = out(b, &b.linear(&xg, &lin).unwrap());
+            assert!(!lin.resident.is_empty(), "the repacked weight lives in the Linear's resident slot");
+            assert_eq!(gpu, out(b, &b.linear(&xg, &lin).unwrap()), "second call, from the resident copy");
+            let s = (0..t)
+                .flat_map(|i| {
+                    let (x, w) = (&x, &w);
+                    (0..n).map(move |o| (0..k).map(|j| (x[i * k + j] * w[o * k + j]).abs()).sum::<f32>())
+                })
+                .fold(0.0f32, f32::max);
+            let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+            let bound = U + (2 * k + 2) as f32 * 2f32.powi(-23) * s / scale;
+            report(&format!("linear nvfp4 tensor cores [{n}, {k}] t={t}"), bound, &gpu, &cpu);
+        }
     }
 }
 
@@ -470,11 +551,7 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
             for (shared_kind, t) in [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)] {
                 let x = r.vec(t * h, 2.0);
                 on_both!(&format!("moe_block decode {format} {kind:?} shared {shared_kind} t={t}"), U, |b| {
-                    let ex = experts
-                        .iter()
-                        .map(|[g, u, d]| Expert { gate: g.upload(b), up: u.upload(b), down: d.upload(b) })
-                        .collect();
-                    let moe = MoeExperts::new(b, "experts", ex, h, inter).unwrap();
+                    let moe = upload_experts(b, &experts, h, inter);
                     let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                     let router = Router {
                         weight: Linear::new(b, router_w.upload(b)),

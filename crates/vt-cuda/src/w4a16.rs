@@ -1,0 +1,119 @@
+//! NVFP4 linear layers for prefill-sized inputs on the tensor cores (kernels/w4a16.cu): bf16
+//! activations, codes decoded in registers, f32 accumulation. The weight is repacked once, on the
+//! device at first use, into the kernel's fragment-ordered tiles; the copy is derived from the
+//! weight and so lives in its `Linear`'s resident slot. The stored codes stay as they are for the
+//! GEMV and MoE kernels. The grouped MoE prefill (grouped.rs) runs NVFP4 experts through the
+//! same tiles, kept with moe.rs's expert table.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use vt_core::{Linear, Nvfp4, Result, Weight};
+
+use crate::alloc::CudaBuffer;
+use crate::backend::{check, i32_of, launched};
+use crate::kernels::allow_shared;
+use crate::weight::{WeightDesc, DT_NVFP4};
+use crate::CudaBackend;
+
+/// `W4_BN`, `W4_BK`, `W4_TILE_BYTES` and `W4_STAGES` of kernels/w4a16.cu; `ROWS` is the dense
+/// GEMM's 128 activation rows per block.
+const TILE_N: usize = 128;
+const TILE_K: usize = 64;
+const TILE_BYTES: usize = TILE_N * TILE_K / 2 + TILE_N * TILE_K / 16;
+const STAGES: usize = 4;
+const ROWS: usize = 128;
+const GEMM_SHARED: usize = STAGES * (ROWS * TILE_K * 2 + TILE_BYTES);
+/// Shared memory of the grouped MoE kernels (64 slots per tile).
+pub(crate) const MOE_SHARED: usize = STAGES * (64 * TILE_K * 2 + TILE_BYTES);
+
+/// An NVFP4 weight `[n, k]` in the tensor-core layout: `ceil(n / 128)` row tiles of
+/// `ceil(k / 64)` tiles of 4608 bytes, zero-padded.
+pub(crate) struct PackedNvfp4 {
+    buf: CudaBuffer,
+}
+
+impl PackedNvfp4 {
+    /// Repacks `q` (validated at load: `k % 16 == 0`, scales `[n, k / 16]`).
+    pub(crate) fn new(b: &CudaBackend, q: &Nvfp4<CudaBackend>) -> Result<Self> {
+        let (n, k) = (q.codes.shape()[0], q.codes.shape()[1]);
+        Ok(PackedNvfp4 { buf: repack(b, q.codes.buffer().ptr(), q.scales.buffer().ptr(), n, k)? })
+    }
+}
+
+/// The tiles of the NVFP4 matrix `[n, k]` whose codes and scales are at device addresses `codes`
+/// (`n * k / 2` bytes) and `scales` (`n * k / 16`), alive until the stream has run; `k % 16 == 0`.
+fn repack(b: &CudaBackend, codes: u64, scales: u64, n: usize, k: usize) -> Result<CudaBuffer> {
+    let (n_tiles, k_tiles) = (n.div_ceil(TILE_N), k.div_ceil(TILE_K));
+    check(k % 16 == 0 && k_tiles <= i32::MAX as usize && n_tiles <= 65535, "nvfp4 repack", || {
+        format!("NVFP4 matrix [{n}, {k}]")
+    })?;
+    let buf = b.buffer(n_tiles * k_tiles * TILE_BYTES)?;
+    let (pp, ni, ki) = (buf.ptr(), i32_of(n, "rows")?, i32_of(k, "inputs")?);
+    let mut l = b.stream().launch_builder(&b.k().w4a16_repack);
+    l.arg(&pp).arg(&codes).arg(&scales).arg(&ni).arg(&ki);
+    let cfg =
+        LaunchConfig { grid_dim: (k_tiles as u32, n_tiles as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: w4a16_repack(unsigned char* packed, const unsigned char* codes, const unsigned
+    // char* scales, int n, int k): one block per (k tile, row tile) writing its 4608 bytes of
+    // `buf` (sized for the whole grid); it reads codes and scales only at rows < n and inputs < k,
+    // inside the sizes the caller vouches for.
+    launched(unsafe { l.launch(cfg) }, "w4a16_repack")?;
+    Ok(buf)
+}
+
+/// The grouped MoE kernels' expert table (kernels/w4a16.cu `moe_w4_*`): the `[experts, 2]`
+/// `WeightDesc`s of moe.rs's table with each `data` pointing at its matrix's repacked tiles.
+pub(crate) struct PackedExperts {
+    _tiles: Vec<CudaBuffer>,
+    table: CudaBuffer,
+}
+
+impl PackedExperts {
+    /// From moe.rs's host copy of the table (fused gate/up `[2 inter, hidden]`, down
+    /// `[hidden, inter]`, all NVFP4 and alive as long as the table).
+    pub(crate) fn new(b: &CudaBackend, descs: &[WeightDesc], inter: usize, hidden: usize) -> Result<Self> {
+        let mut tiles = Vec::with_capacity(descs.len());
+        let mut packed = Vec::with_capacity(descs.len());
+        for (i, d) in descs.iter().enumerate() {
+            check(d.kind == DT_NVFP4, "moe", || format!("expert {} is not NVFP4", i / 2))?;
+            let (n, k) = if i % 2 == 0 { (2 * inter, hidden) } else { (hidden, inter) };
+            let buf = repack(b, d.data, d.scales, n, k)?;
+            packed.push(WeightDesc { data: buf.ptr(), scales: 0, ..*d });
+            tiles.push(buf);
+        }
+        Ok(PackedExperts { _tiles: tiles, table: b.upload_slice(&packed)? })
+    }
+
+    /// Device address of the `[experts, 2]` table.
+    pub(crate) fn descs(&self) -> u64 {
+        self.table.ptr()
+    }
+}
+
+/// `y [t, n] = x [t, k] · Wᵀ` on the tensor cores when `w` is NVFP4; `false` leaves `y` for
+/// another path. `x` and `y` are device addresses of `t * k` and `t * n` bf16 values, alive until
+/// the stream has run (the caller's tensors).
+pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>, y: u64) -> Result<bool> {
+    let Weight::Nvfp4(q) = &w.weight else { return Ok(false) };
+    let (n, k) = w.weight.dims();
+    if t == 0 || t.div_ceil(ROWS) > 65535 {
+        return Ok(false);
+    }
+    let packed = w.resident.get_or_try_init(b, || PackedNvfp4::new(b, q))?;
+    let f = &b.k().w4a16_gemm;
+    allow_shared(f, GEMM_SHARED, "w4a16_gemm")?;
+    let (pp, ti, ni, ki) = (packed.buf.ptr(), i32_of(t, "tokens")?, i32_of(n, "rows")?, i32_of(k, "inputs")?);
+    let mut l = b.stream().launch_builder(f);
+    l.arg(&y).arg(&x).arg(&pp).arg(&ti).arg(&ni).arg(&ki).arg(&q.global_scale);
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(TILE_N) as u32, t.div_ceil(ROWS) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: GEMM_SHARED as u32,
+    };
+    // SAFETY: w4a16_gemm(bf16* y, const bf16* x, const unsigned char* packed, int t, int n, int k,
+    // float global): one block per (row tile, 128 tokens), 256 threads, GEMM_SHARED bytes of
+    // shared memory (allowed above). `packed` is this weight's [n, k] repacked copy (its resident
+    // slot, alive with `w`), read whole tiles at a time; x rows < t and inputs < k (k % 16 == 0,
+    // validated at load, so 16-byte rows) are read, y outputs < (t, n) written.
+    launched(unsafe { l.launch(cfg) }, "w4a16_gemm")?;
+    Ok(true)
+}
