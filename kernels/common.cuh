@@ -139,6 +139,25 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until at most N committed groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// A STAGES-deep cp.async pipeline over kt_n k-tiles: load(stage, kt) issues tile kt's copies into
+// shared-memory stage `stage`; compute(stage) consumes a stage once its copies have landed. Every
+// thread of the block calls it (it synchronises the block).
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void cp_async_pipeline(int kt_n, Load load, Compute compute) {
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < kt_n) load(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < kt_n; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // stage kt is in; every warp is done with the stage refilled next
+        if (kt + STAGES - 1 < kt_n) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_async_commit();
+        compute(kt % STAGES);
+    }
+    cp_async_wait<0>();
+}
+
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

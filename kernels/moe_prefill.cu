@@ -171,18 +171,9 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
         for (int nj = 0; nj < 8; nj++)
             for (int x = 0; x < 4; x++) acc[mi][nj][x] = 0.0f;
 
-    int kt_n = (k + MP_BK - 1) / MP_BK;
-    for (int s = 0; s < MP_STAGES - 1; s++) {
-        if (s < kt_n) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < kt_n; kt++) {
-        cp_async_wait<MP_STAGES - 2>();
-        __syncthreads();  // stage kt is in; every warp is done with the stage refilled next
-        if (kt + MP_STAGES - 1 < kt_n) load((kt + MP_STAGES - 1) % MP_STAGES, kt + MP_STAGES - 1);
-        cp_async_commit();
-        const bf16* ta = sa + (kt % MP_STAGES) * MP_BM * MP_BK;
-        const bf16* tb = sb + (kt % MP_STAGES) * MP_BN * MP_BK;
+    cp_async_pipeline<MP_STAGES>((k + MP_BK - 1) / MP_BK, load, [&](int stage) {
+        const bf16* ta = sa + stage * MP_BM * MP_BK;
+        const bf16* tb = sb + stage * MP_BN * MP_BK;
 #pragma unroll
         for (int ks = 0; ks < MP_BK / 16; ks++) {
             unsigned af[2][4], bfr[8][2];
@@ -206,8 +197,7 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
 #pragma unroll
                 for (int nj = 0; nj < 8; nj++) mma_bf16(acc[mi][nj], af[mi], bfr[nj][0], bfr[nj][1]);
         }
-    }
-    cp_async_wait<0>();
+    });
 
     int g = lane >> 2, c2 = (lane & 3) * 2;
 #pragma unroll

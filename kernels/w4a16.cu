@@ -138,18 +138,9 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
 #pragma unroll
             for (int x = 0; x < 4; x++) acc[mi][j][x] = 0.0f;
 
-    int kt_n = (k + W4_BK - 1) / W4_BK;
-    for (int s = 0; s < W4_STAGES - 1; s++) {
-        if (s < kt_n) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < kt_n; kt++) {
-        cp_async_wait<W4_STAGES - 2>();
-        __syncthreads();  // stage kt is in; every warp is done with the stage refilled next
-        if (kt + W4_STAGES - 1 < kt_n) load((kt + W4_STAGES - 1) % W4_STAGES, kt + W4_STAGES - 1);
-        cp_async_commit();
-        const bf16* ta = sa + (kt % W4_STAGES) * BM * W4_BK;
-        const unsigned char* tb = sb + (kt % W4_STAGES) * W4_TILE_BYTES;
+    cp_async_pipeline<W4_STAGES>((k + W4_BK - 1) / W4_BK, load, [&](int stage) {
+        const bf16* ta = sa + stage * BM * W4_BK;
+        const unsigned char* tb = sb + stage * W4_TILE_BYTES;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             uint4 q = *(const uint4*)(tb + ((wn * 2 + h) * 32 + lane) * 16);
@@ -172,8 +163,7 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
                     for (int j = 0; j < 4; j++) mma_bf16(acc[mi][j], af[mi], bfr[j][0], bfr[j][1]);
             }
         }
-    }
-    cp_async_wait<0>();
+    });
 
     int g = lane >> 2, c2 = (lane & 3) * 2;
 #pragma unroll

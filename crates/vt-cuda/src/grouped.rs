@@ -38,8 +38,9 @@ fn is_bf16(w: &Weight<CudaBackend>) -> bool {
     matches!(w, Weight::Dense(t) if t.dtype() == DType::BF16)
 }
 
+/// NVFP4 with rows of whole 16-code scale groups (what the tensor-core repack takes).
 fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
-    matches!(w, Weight::Nvfp4(_))
+    matches!(w, Weight::Nvfp4(_) if w.dims().1 % 16 == 0)
 }
 
 /// Whether this layer and batch take the grouped path: several tokens, a bf16 router, experts all

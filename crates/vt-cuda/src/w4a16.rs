@@ -95,7 +95,9 @@ impl PackedExperts {
 pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>, y: u64) -> Result<bool> {
     let Weight::Nvfp4(q) = &w.weight else { return Ok(false) };
     let (n, k) = w.weight.dims();
-    if t == 0 || t.div_ceil(ROWS) > 65535 {
+    // Checkpoints' NVFP4 rows are whole 16-code scale groups (validated at load); a weight made
+    // otherwise takes the simple kernel.
+    if t == 0 || t.div_ceil(ROWS) > 65535 || k % 16 != 0 {
         return Ok(false);
     }
     let packed = w.resident.get_or_try_init(b, || PackedNvfp4::new(b, q))?;

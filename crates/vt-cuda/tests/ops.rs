@@ -265,37 +265,38 @@ fn moe_every_router_and_expert_format() {
     let router_w = HostWeight::bf16(&mut r, n_exp, h);
     let bias = r.vec(n_exp, 0.1);
     for format in ["bf16", "nvfp4"] {
-        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
-            .map(|_| match format {
-                "bf16" => [
-                    HostWeight::bf16(&mut r, inter, h),
-                    HostWeight::bf16(&mut r, inter, h),
-                    HostWeight::bf16(&mut r, h, inter),
-                ],
-                _ => [
-                    HostWeight::nvfp4(&mut r, inter, h),
-                    HostWeight::nvfp4(&mut r, inter, h),
-                    HostWeight::nvfp4(&mut r, h, inter),
-                ],
-            })
-            .collect();
+        let experts = host_experts(&mut r, format, n_exp, h, inter);
         // Both formats take the grouped prefill path, which rounds the SwiGLU activations to bf16.
         let bound = 2.0 * U;
         for kind in &kinds {
             on_both!(&format!("moe {format} {kind:?}"), bound, |b| {
                 let moe = upload_experts(b, &experts, h, inter);
-                let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
-                let router = Router {
-                    weight: Linear::new(b, router_w.upload(b)),
-                    kind: kind.clone(),
-                    correction_bias: sigmoid.then(|| small(b, &bias)),
-                };
+                let router = router(b, &router_w, kind, &bias);
                 // Twice: the second call reads the resident expert table built by the first.
                 let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
                 assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
                 first
             });
         }
+    }
+}
+
+/// `n_exp` experts' (gate, up, down) in `format` ("bf16" or "nvfp4").
+fn host_experts(r: &mut Rng, format: &str, n_exp: usize, h: usize, inter: usize) -> Vec<[HostWeight; 3]> {
+    let weight = |r: &mut Rng, n, k| match format {
+        "bf16" => HostWeight::bf16(r, n, k),
+        _ => HostWeight::nvfp4(r, n, k),
+    };
+    (0..n_exp).map(|_| [weight(r, inter, h), weight(r, inter, h), weight(r, h, inter)]).collect()
+}
+
+/// A router of `kind` over `weight`; sigmoid routers take `bias` as their correction bias.
+fn router<B: Backend>(b: &B, weight: &HostWeight, kind: &RouterKind, bias: &[f32]) -> Router<B> {
+    let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+    Router {
+        weight: Linear::new(b, weight.upload(b)),
+        kind: kind.clone(),
+        correction_bias: sigmoid.then(|| small(b, bias)),
     }
 }
 
@@ -320,24 +321,13 @@ fn moe_grouped_prefill() {
         let x = r.vec(t * h, 2.0);
         let router_w = HostWeight::bf16(&mut r, n_exp, h);
         let bias = r.vec(n_exp, 0.1);
-        let weight = |r: &mut Rng, n, k| match format {
-            "bf16" => HostWeight::bf16(r, n, k),
-            _ => HostWeight::nvfp4(r, n, k),
-        };
-        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
-            .map(|_| [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)])
-            .collect();
+        let experts = host_experts(&mut r, format, n_exp, h, inter);
         for kind in &kinds {
             // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights enter
             // the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for both.
             on_both!(&format!("moe grouped prefill {format} {kind:?}"), 2.0 * U, |b| {
                 let moe = upload_experts(b, &experts, h, inter);
-                let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
-                let router = Router {
-                    weight: Linear::new(b, router_w.upload(b)),
-                    kind: kind.clone(),
-                    correction_bias: sigmoid.then(|| small(b, &bias)),
-                };
+                let router = router(b, &router_w, kind, &bias);
                 let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
                 assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
                 first
@@ -539,14 +529,8 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
     let router_w = HostWeight::bf16(&mut r, n_exp, h);
     let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
     for format in ["bf16", "nvfp4"] {
-        let weight = |r: &mut Rng, n, k| match format {
-            "bf16" => HostWeight::bf16(r, n, k),
-            _ => HostWeight::nvfp4(r, n, k),
-        };
-        let experts: Vec<[HostWeight; 3]> = (0..n_exp)
-            .map(|_| [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)])
-            .collect();
-        let shared = [weight(&mut r, inter, h), weight(&mut r, inter, h), weight(&mut r, h, inter)];
+        let experts = host_experts(&mut r, format, n_exp, h, inter);
+        let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
         for kind in &kinds {
             for (shared_kind, t) in [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)] {
                 let x = r.vec(t * h, 2.0);
