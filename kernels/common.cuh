@@ -13,6 +13,12 @@ typedef unsigned long long u64;
 #define DT_F16 2
 #define DT_NVFP4 3
 
+// Values of a row each of a row kernel's 256 threads keeps in registers (rows of up to 4096; longer
+// rows re-read the rest). The row kernels issue every load of the kept part before any store: a
+// store could alias an input as far as the compiler knows, so interleaving them would serialise
+// one memory latency per value (what made these one-block kernels take ~5 us).
+#define NORM_KEEP 16
+
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
 
 // Round to nearest even, NaN stays NaN.

@@ -3,19 +3,43 @@
 
 // out[i, :] = table[ids[i], :]. Grid: one block per token.
 extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden) {
-    long long row = ids[blockIdx.x];
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
-        out[(long long)blockIdx.x * hidden + j] = f2bf(ld(table, dt, row * hidden + j));
+    long long row = ids[blockIdx.x], base = (long long)blockIdx.x * hidden;
+    float kept[NORM_KEEP];
+#pragma unroll
+    for (int i = 0; i < NORM_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        kept[i] = j < hidden ? ld(table, dt, row * hidden + j) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < NORM_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < hidden) out[base + j] = f2bf(kept[i]);
+    }
+    for (int j = threadIdx.x + NORM_KEEP * blockDim.x; j < hidden; j += blockDim.x)
+        out[base + j] = f2bf(ld(table, dt, row * hidden + j));
 }
 
 // x / rms(x) * (offset + w). Grid: one block per row.
 extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps, float offset) {
     grid_dep_trigger();
     const bf16* row = x + (long long)blockIdx.x * d;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
+    float kept[NORM_KEEP], wk[NORM_KEEP], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        kept[i] = j < d ? bf2f(row[j]) : 0.0f;
+        wk[i] = j < d ? offset + ld(w, wdt, j) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < NORM_KEEP; i++) ss += kept[i] * kept[i];
+    for (int j = threadIdx.x + NORM_KEEP * blockDim.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
     float r = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x)
+#pragma unroll
+    for (int i = 0; i < NORM_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < d) out[(long long)blockIdx.x * d + j] = f2bf(kept[i] * r * wk[i]);
+    }
+    for (int j = threadIdx.x + NORM_KEEP * blockDim.x; j < d; j += blockDim.x)
         out[(long long)blockIdx.x * d + j] = f2bf(bf2f(row[j]) * r * (offset + ld(w, wdt, j)));
 }
 
