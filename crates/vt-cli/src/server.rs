@@ -172,7 +172,7 @@ fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) -> Res
     };
     let d = SamplingParams::default();
     // Without a seed, each request draws its own.
-    let seed = c.seed.unwrap_or_else(|| s.next_id.fetch_add(1, Ordering::Relaxed) ^ now() * 0x9e37_79b9);
+    let seed = c.seed.unwrap_or_else(|| s.next_id.fetch_add(1, Ordering::Relaxed) ^ (now() * 0x9e37_79b9));
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
         top_k: c.top_k.unwrap_or(d.top_k),

@@ -182,6 +182,7 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// Copies stored bytes in as they are (weights keep their dtype).
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>>;
     /// An activation tensor (of `activation_dtype`) from f32 values.
+    #[allow(clippy::wrong_self_convention)] // the backend makes it: `self` is where it lives
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>>;
     /// An f32 tensor of zeros (recurrent state).
     fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>>;

@@ -24,7 +24,7 @@ impl DType {
             DType::BF16 | DType::F16 => numel.checked_mul(2),
             DType::F8E4M3 | DType::U8 => Some(numel),
             DType::I64 => numel.checked_mul(8),
-            DType::F4x2 => (numel % 2 == 0).then_some(numel / 2),
+            DType::F4x2 => numel.is_multiple_of(2).then_some(numel / 2),
         }
     }
 

@@ -13,7 +13,7 @@ const SPLIT: usize = 64;
 const MAX_D: usize = 256;
 
 pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
-    t == 1 && head_dim % 8 == 0 && head_dim <= MAX_D
+    t == 1 && head_dim.is_multiple_of(8) && head_dim <= MAX_D
 }
 
 /// Device addresses of one decode call: out and q `[1, q_heads, d]`, k and v `[1, kv_heads, d]`,

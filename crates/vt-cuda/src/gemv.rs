@@ -44,8 +44,8 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Opti
     let k = w.dims().1;
     match w {
         _ if t == 0 || t > MAX_T => None,
-        Weight::Dense(d) if d.dtype() == DType::BF16 && k % 8 == 0 => Some(&b.k().gemv_bf16),
-        Weight::Nvfp4(_) if k % 32 == 0 => Some(&b.k().gemv_nvfp4),
+        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => Some(&b.k().gemv_bf16),
+        Weight::Nvfp4(_) if k.is_multiple_of(32) => Some(&b.k().gemv_nvfp4),
         _ => None,
     }
 }

@@ -40,7 +40,7 @@ fn is_bf16(w: &Weight<CudaBackend>) -> bool {
 
 /// NVFP4 with rows of whole 16-code scale groups (what the tensor-core repack takes).
 fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
-    matches!(w, Weight::Nvfp4(_) if w.dims().1 % 16 == 0)
+    matches!(w, Weight::Nvfp4(_) if w.dims().1.is_multiple_of(16))
 }
 
 /// Whether this layer and batch take the grouped path: several tokens, a bf16 router, experts all

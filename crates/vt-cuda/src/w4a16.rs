@@ -43,7 +43,7 @@ impl PackedNvfp4 {
 /// (`n * k / 2` bytes) and `scales` (`n * k / 16`), alive until the stream has run; `k % 16 == 0`.
 fn repack(b: &CudaBackend, codes: u64, scales: u64, n: usize, k: usize) -> Result<CudaBuffer> {
     let (n_tiles, k_tiles) = (n.div_ceil(TILE_N), k.div_ceil(TILE_K));
-    check(k % 16 == 0 && k_tiles <= i32::MAX as usize && n_tiles <= 65535, "nvfp4 repack", || {
+    check(k.is_multiple_of(16) && k_tiles <= i32::MAX as usize && n_tiles <= 65535, "nvfp4 repack", || {
         format!("NVFP4 matrix [{n}, {k}]")
     })?;
     let buf = b.buffer(n_tiles * k_tiles * TILE_BYTES)?;

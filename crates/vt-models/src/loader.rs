@@ -152,7 +152,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// Random values of about a trained layer's scale (|w| ~ 1/sqrt(in)).
     fn dummy_weight(&self, d: &DummyWeights, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         let (b, seed) = (self.backend, d.seed(base));
-        let w = if d.quantizes(base) && inp % NVFP4_GROUP == 0 {
+        let w = if d.quantizes(base) && inp.is_multiple_of(NVFP4_GROUP) {
             Weight::Nvfp4(Nvfp4 {
                 codes: b.random(DType::F4x2, &[out, inp], seed, 1.0)?,
                 scales: b.random(DType::F8E4M3, &[out, inp / NVFP4_GROUP], seed ^ 1, 1.0)?,

@@ -148,7 +148,7 @@ impl QuantConfig {
     /// Module `module` as an NVFP4 `[n, k]` matrix (`n`, `k` from config.json), every tensor's dtype
     /// and shape checked, the per-tensor scale normalised to a multiplier.
     pub fn read<'t>(&self, tensors: &'t TensorStore, module: &str, n: usize, k: usize) -> Result<Nvfp4Parts<'t>> {
-        if k % NVFP4_GROUP != 0 {
+        if !k.is_multiple_of(NVFP4_GROUP) {
             return Err(Error::tensor(
                 module,
                 format!("NVFP4 needs an input size that is a multiple of {NVFP4_GROUP}, config.json gives {k}"),

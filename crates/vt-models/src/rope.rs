@@ -35,7 +35,7 @@ pub fn rope_from_params(
     let theta = num(cfg, p, "rope_theta")?.unwrap_or(default_theta);
     let partial = num(cfg, p, "partial_rotary_factor")?.unwrap_or(default_partial);
     let dim = (head_dim as f64 * partial) as usize;
-    if dim == 0 || dim % 2 != 0 || dim > head_dim {
+    if dim == 0 || !dim.is_multiple_of(2) || dim > head_dim {
         return Err(cfg.error(&p.field, format!("rotary dimension {dim} (head_dim {head_dim} x partial_rotary_factor {partial}) must be even, positive and at most head_dim")));
     }
     // base ** (arange(0, dim, 2) / dim), all in f32 as torch does.

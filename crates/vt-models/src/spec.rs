@@ -228,7 +228,7 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
         value_dim: positive(cfg, "linear_value_head_dim")?,
         conv_kernel: positive(cfg, "linear_conv_kernel_dim")?,
     };
-    if gdn.value_heads % gdn.key_heads != 0 {
+    if !gdn.value_heads.is_multiple_of(gdn.key_heads) {
         return Err(cfg.error(
             "linear_num_value_heads",
             format!("{} is not a multiple of linear_num_key_heads {}", gdn.value_heads, gdn.key_heads),
@@ -254,7 +254,7 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
 }
 
 fn check_gqa(cfg: &Config, q_heads: usize, kv_heads: usize) -> Result<()> {
-    if q_heads % kv_heads != 0 {
+    if !q_heads.is_multiple_of(kv_heads) {
         return Err(cfg.error(
             "num_key_value_heads",
             format!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads"),

@@ -306,9 +306,8 @@ impl<B: Backend> Engine<B> {
 
     /// Removes the running sequences for which `done` gives an event, sending it.
     fn finish_where(&mut self, mut done: impl FnMut(&Running<B>, usize) -> Option<Event>) {
-        let mut i = 0;
         let mut kept = Vec::with_capacity(self.running.len());
-        for mut s in std::mem::take(&mut self.running) {
+        for (i, mut s) in std::mem::take(&mut self.running).into_iter().enumerate() {
             match done(&s, i) {
                 Some(ev) => {
                     (s.sink)(ev);
@@ -316,7 +315,6 @@ impl<B: Backend> Engine<B> {
                 }
                 None => kept.push(s),
             }
-            i += 1;
         }
         self.running = kept;
     }
