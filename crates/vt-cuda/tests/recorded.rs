@@ -5,10 +5,11 @@
 //! fixture has some) fill and the sequence records again.
 #![cfg(feature = "cuda")]
 
+use vt_core::checkpoint::Checkpoint;
 use vt_core::Backend;
 use vt_cuda::CudaBackend;
-use vt_models::{Logits, Model};
-use vt_test_support::{all_fixtures, argmax, Reference};
+use vt_models::{DummyWeights, Logits, Model};
+use vt_test_support::{all_fixtures, argmax, fixture, Reference};
 
 /// Decode steps per fixture: enough to fill what the first recording reserved (after the first
 /// decode step a full-attention cache holds twice the prompt; recording reserves 256 positions
@@ -50,6 +51,35 @@ fn recorded_decode_equals_unrecorded_bit_for_bit() {
         }
     }
     assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// A sequence's recording runs the weights of the model that made it: another model of the same
+/// shapes that takes the sequence over must compute with its own weights.
+#[test]
+fn a_recording_serves_only_the_model_that_made_it() {
+    let b = CudaBackend::new().unwrap();
+    let ckpt = Checkpoint::open(&fixture("qwen35moe_text")).unwrap();
+    let model = |seed, recorded| {
+        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed, nvfp4: false }).unwrap();
+        m.set_recorded_decode(recorded);
+        m
+    };
+    let (a, a_plain, b_recorded, b_plain) = (model(1, true), model(1, false), model(2, true), model(2, false));
+    let (mut rs, mut ps) = (a.new_state().unwrap(), a_plain.new_state().unwrap());
+    a.forward(&[1, 2, 3, 4], &mut rs, Logits::Last).unwrap();
+    a_plain.forward(&[1, 2, 3, 4], &mut ps, Logits::Last).unwrap();
+    // Three steps of model a: the first unrecorded, then recorded and replayed.
+    for id in [5, 6, 7] {
+        let got = b.to_f32(&a.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
+        assert_eq!(got, b.to_f32(&a_plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap());
+    }
+    assert_eq!(rs.recordings(), 1);
+    // Model b takes both sequences over: its logits, not a replay of a's recording.
+    for id in [8, 9, 10] {
+        let got = b.to_f32(&b_recorded.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
+        assert_eq!(got, b.to_f32(&b_plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap(), "token {id}");
+    }
+    assert_eq!(rs.recordings(), 2, "b records its own step");
 }
 
 /// A recorder runs nothing, so nothing can be read back from it; a replay checks what it is given

@@ -3,6 +3,7 @@
 mod decode_graph;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
@@ -70,8 +71,13 @@ struct Layer<B: Backend> {
     ffn: Ffn<B>,
 }
 
+/// Source of model ids. An id only tells models apart (a sequence's recorded step belongs to the
+/// model that recorded it); nothing is keyed by it.
+static NEXT_MODEL: AtomicU64 = AtomicU64::new(1);
+
 /// A loaded model: weights on one backend, in their stored dtypes.
 pub struct Model<B: Backend> {
+    id: u64,
     backend: B,
     spec: ModelSpec,
     embed: Linear<B>,
@@ -94,9 +100,10 @@ enum LayerState<B: Backend> {
 pub struct SeqState<B: Backend> {
     pos: usize,
     layers: Vec<LayerState<B>>,
-    /// A single-token step of this sequence has run unrecorded: every weight's derived state that
-    /// decode uses is built, so a step can be recorded (a recorder must not build it).
-    decoded_eagerly: bool,
+    /// The model whose single-token step last ran unrecorded on this sequence: that model's
+    /// weights have built the derived state decode uses, so it may record (a recorder must not
+    /// build it).
+    decoded_by: Option<u64>,
     recorded: Recorded<B>,
     recordings: usize,
 }
@@ -188,7 +195,8 @@ impl<B: Backend> Model<B> {
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
-        Ok(Model { backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
+        let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
+        Ok(Model { id, backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -276,7 +284,7 @@ impl<B: Backend> Model<B> {
                 }),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SeqState { pos: 0, layers, decoded_eagerly: false, recorded: Recorded::None, recordings: 0 })
+        Ok(SeqState { pos: 0, layers, decoded_by: None, recorded: Recorded::None, recordings: 0 })
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
@@ -323,7 +331,7 @@ impl<B: Backend> Model<B> {
         }
         let logits = self.run_on(&self.backend, seqs, which)?;
         if let [(&[_], ref mut state)] = seqs {
-            state.decoded_eagerly = true;
+            state.decoded_by = Some(self.id);
         }
         Ok(logits)
     }

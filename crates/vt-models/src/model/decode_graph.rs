@@ -11,8 +11,10 @@ use super::{LayerState, Logits, Model, Recorded, SeqState};
 /// full, so a sequence records again at most every this many steps (later, as caches double).
 const RESERVE_AHEAD: usize = 256;
 
-/// A sequence's recorded step and where its replays leave the logits (the recording's memory).
+/// A sequence's recorded step, the model it runs (its weights are in the recording), and where its
+/// replays leave the logits (the recording's memory).
 pub(super) struct RecordedStep<B: Backend> {
+    model: u64,
     graph: B::StepGraph,
     logits: Tensor<B>,
 }
@@ -27,9 +29,13 @@ impl<B: Backend> Model<B> {
     /// The step of `id` as the sequence's recorded step: replayed, recorded first if it has none.
     /// `None`: nothing ran and `state` is as it was; run the step unrecorded.
     pub(super) fn recorded_step(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<Tensor<B>>> {
-        // A first single-token step runs unrecorded: it builds the weights' derived state that
-        // decode uses (a recorder must not).
-        if !state.decoded_eagerly {
+        // Another model's recording runs that model's weights: this one records its own.
+        if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
+            state.recorded = Recorded::None;
+        }
+        // This model's first single-token step on the sequence runs unrecorded: it builds the
+        // weights' derived state that decode uses (a recorder must not).
+        if state.decoded_by != Some(self.id) {
             return Ok(None);
         }
         if matches!(state.recorded, Recorded::None) {
@@ -80,6 +86,6 @@ impl<B: Backend> Model<B> {
         state.pos = pos;
         let logits = logits?;
         let graph = b.finish_recording(recorder)?;
-        Ok(Some(RecordedStep { graph, logits }))
+        Ok(Some(RecordedStep { model: self.id, graph, logits }))
     }
 }
