@@ -25,6 +25,16 @@ pub enum NormKind {
     UnitOffset,
 }
 
+impl NormKind {
+    /// What is added to the weight before it scales the normalised value.
+    pub fn weight_offset(self) -> f32 {
+        match self {
+            NormKind::Plain => 0.0,
+            NormKind::UnitOffset => 1.0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateAct {
     Sigmoid,

@@ -286,10 +286,7 @@ impl Backend for CudaBackend {
         let d = x.last_dim();
         check(w.numel() == d, "rms_norm", || format!("input {:?} vs weight {:?}", x.shape(), w.shape()))?;
         let (px, pw, wdt) = (act(x, "rms_norm")?, w.buffer().ptr(), float_code(w, "rms_norm")?);
-        let offset: f32 = match kind {
-            NormKind::Plain => 0.0,
-            NormKind::UnitOffset => 1.0,
-        };
+        let offset = kind.weight_offset();
         let out = self.empty(DType::BF16, x.shape())?;
         let (po, di) = (out.buffer().ptr(), i32_of(d, "norm width")?);
         let mut l = self.stream().launch_builder(&self.k().rms_norm);
@@ -389,10 +386,7 @@ impl Backend for CudaBackend {
         })?;
         let (px, py, pw, wdt) =
             (act(x, "add_rms_norm")?, act(y, "add_rms_norm")?, w.buffer().ptr(), float_code(w, "add_rms_norm")?);
-        let offset: f32 = match kind {
-            NormKind::Plain => 0.0,
-            NormKind::UnitOffset => 1.0,
-        };
+        let offset = kind.weight_offset();
         let (sum, out) = (self.empty(DType::BF16, x.shape())?, self.empty(DType::BF16, x.shape())?);
         let (ps, po, di) = (sum.buffer().ptr(), out.buffer().ptr(), i32_of(d, "norm width")?);
         let mut l = self.stream().launch_builder(&self.k().add_rms_norm);

@@ -156,14 +156,15 @@ pub(crate) fn replay(
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(err(format!("replay: token id {bad} is outside the recorded vocabulary of {vocab}")));
     }
-    let recorded = rec.caches.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let recorded = rec.caches.lock().unwrap_or_else(|p| p.into_inner());
     if caches.len() != recorded.len() {
         return Err(err(format!("replay: {} caches for a step recorded over {}", caches.len(), recorded.len())));
     }
     if caches.iter().any(|c| c.len != pos) {
         return Err(err(format!("replay at position {pos}: a cache holds another number of positions")));
     }
-    let fits = caches.iter().zip(&recorded).all(|(c, r)| c.recorded() == Some(*r) && pos < r.capacity);
+    let fits = caches.iter().zip(recorded.iter()).all(|(c, r)| c.recorded() == Some(*r) && pos < r.capacity);
+    drop(recorded);
     if !fits {
         return Ok(false);
     }

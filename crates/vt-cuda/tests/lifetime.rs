@@ -1,7 +1,8 @@
-//! The lifetime invariant on the device (docs/lifetime.md), the same bodies as vt-models'
-//! tests/lifetime.rs on a CUDA placement arena: engines built in memory that dropped engines used
-//! compute exactly what they compute alone, concurrent engines on one backend do too, and dropping
-//! an engine gives all its memory back — by vt's accounting and by `cuMemGetInfo`.
+//! The lifetime invariant on the device (docs/lifetime.md): vt-test-support's `lifetime::checks`
+//! bodies, as vt-models' tests/lifetime.rs runs them on the CPU, on a CUDA placement arena. Engines
+//! built in memory that dropped engines used compute exactly what they compute alone, concurrent
+//! engines on one backend do too, and dropping an engine gives all its memory back — by vt's
+//! accounting and, here also, by `cuMemGetInfo`.
 //!
 //! Run single-threaded (`--test-threads=1`): `cuMemGetInfo` is device-wide. The mutation arm
 //! builds this file with `mutation-address-keyed-cache` and requires the sequential and cycle
@@ -11,9 +12,7 @@
 use vt_core::Backend;
 use vt_cuda::{AllocMode, CudaBackend};
 use vt_models::Model;
-use vt_test_support::lifetime::{assert_bit_identical, differs, expert_storage, moe_pairs, run, slots_empty, solo};
-
-const STEPS: usize = 4;
+use vt_test_support::lifetime::{assert_bit_identical, checks, moe_pairs, run};
 
 fn arena() -> CudaBackend {
     CudaBackend::with_mode(AllocMode::PlacementArena).expect("CUDA backend")
@@ -21,58 +20,12 @@ fn arena() -> CudaBackend {
 
 #[test]
 fn sequential_engines_in_reused_memory_compute_as_alone() {
-    for pair in moe_pairs() {
-        let alone = pair.dirs().map(|d| solo(&arena(), d, &pair.prompt, STEPS));
-        assert!(
-            differs(&alone[0], &alone[1]),
-            "{}: the variant computes what A does; this test would prove nothing",
-            pair.name
-        );
-        let shared = arena();
-        let mut a_storage = None;
-        for (round, which) in [0, 1, 0].into_iter().enumerate() {
-            let what = format!("{} round {round} ({})", pair.name, ["A", "B"][which]);
-            let model = Model::load(&shared, pair.dirs()[which]).unwrap();
-            let storage = expert_storage(&model);
-            match &a_storage {
-                None => a_storage = Some(storage),
-                Some(a) => assert_eq!(&storage, a, "{what}: expert storage is not at the dropped engine's addresses"),
-            }
-            assert!(slots_empty(&model), "{what}: a new engine starts with filled resident slots");
-            assert_bit_identical(&what, &run(&model, &pair.prompt, STEPS), &alone[which]);
-        }
-    }
+    checks::sequential_engines(arena);
 }
 
 #[test]
 fn concurrent_engines_on_one_backend_compute_as_alone() {
-    let pairs = moe_pairs();
-    let jobs: Vec<_> =
-        pairs.iter().flat_map(|p| [0, 1].map(|w| (p, w, solo(&arena(), p.dirs()[w], &p.prompt, STEPS)))).collect();
-    let shared = arena();
-    std::thread::scope(|s| {
-        for (pair, which, alone) in &jobs {
-            let shared = &shared;
-            s.spawn(move || {
-                let model = Model::load(shared, pair.dirs()[*which]).unwrap();
-                std::thread::scope(|s| {
-                    let runs = [0, 1].map(|_| s.spawn(|| run(&model, &pair.prompt, STEPS)));
-                    for (t, h) in runs.into_iter().enumerate() {
-                        let what = format!("{} ({}) thread {t}", pair.name, ["A", "B"][*which]);
-                        assert_bit_identical(&what, &h.join().unwrap(), alone);
-                    }
-                });
-            });
-        }
-    });
-    // The cuBLASLt workspace lives as long as the backend.
-    let baseline = arena().memory();
-    let m = shared.memory();
-    assert_eq!(
-        (m.bytes_live, m.blocks_live),
-        (baseline.bytes_live, baseline.blocks_live),
-        "memory live after every concurrent engine dropped"
-    );
+    checks::concurrent_engines(arena);
 }
 
 /// Device bytes in use as the driver sees them, after the stream has drained.

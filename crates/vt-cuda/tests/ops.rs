@@ -126,6 +126,59 @@ fn out<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
     b.to_f32(t).unwrap()
 }
 
+/// Attention with heads `(hq, hkv, d)` over `steps` tokens per call into one cache, on both
+/// backends (`q`, `k`, `v` hold every call's rows in turn): every call's output.
+fn attention_steps(
+    op: &str,
+    bound: f32,
+    steps: &[usize],
+    (hq, hkv, d): (usize, usize, usize),
+    window: Option<usize>,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+) {
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+    on_both!(&format!("{op} [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
+        let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+        let (mut s, mut all) = (0, Vec::new());
+        for &n in steps {
+            let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+            let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+            let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+            all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
+            s += n;
+        }
+        all
+    });
+}
+
+/// The gated delta rule with heads `(kh, vh, dk, dv)` over `steps` tokens per call (chunked, or
+/// recurrent for a single token) from a zero state, on both backends: every call's output, then the
+/// final state.
+fn gated_delta_rule_steps(r: &mut Rng, op: &str, steps: &[usize], (kh, vh, dk, dv): (usize, usize, usize, usize)) {
+    let total: usize = steps.iter().sum();
+    let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
+    let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
+    let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
+    on_both!(&format!("{op} [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
+        let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
+        let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+        let (mut s, mut all) = (0, Vec::new());
+        for &n in steps {
+            let qt = act(b, &[n, kh, dk], &q[s * kh * dk..(s + n) * kh * dk]);
+            let kt = act(b, &[n, kh, dk], &k[s * kh * dk..(s + n) * kh * dk]);
+            let vt = act(b, &[n, vh, dv], &v[s * vh * dv..(s + n) * vh * dv]);
+            let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
+            let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
+            let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
+            let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
+            all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
+            s += n;
+        }
+        all.extend(out(b, &state));
+        all
+    });
+}
+
 #[test]
 fn elementwise_and_norm_ops() {
     let mut r = Rng(0x1234_5678);
@@ -190,19 +243,7 @@ fn attention_full_and_windowed_across_calls() {
         let total: usize = steps.iter().sum();
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(16)] {
-            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
-            on_both!(&format!("attention [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
-                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
-                let (mut s, mut all) = (0, Vec::new());
-                for &n in &steps {
-                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
-                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
-                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-                    all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
-                    s += n;
-                }
-                all
-            });
+            attention_steps("attention", U, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
@@ -225,30 +266,8 @@ fn conv_and_gated_delta_rule_across_calls() {
         all
     });
     // A generic head layout and those of the qwen35moe fixtures.
-    for (kh, vh, dk, dv) in [(2, 4, 32, 48), (2, 4, 24, 20), (2, 6, 20, 28)] {
-        let steps = [70usize, 1, 1, 3];
-        let total: usize = steps.iter().sum();
-        let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
-        let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
-        let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
-        on_both!(&format!("gated_delta_rule [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
-            let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
-            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
-            let (mut s, mut all) = (0, Vec::new());
-            for &n in &steps {
-                let qt = act(b, &[n, kh, dk], &q[s * kh * dk..(s + n) * kh * dk]);
-                let kt = act(b, &[n, kh, dk], &k[s * kh * dk..(s + n) * kh * dk]);
-                let vt = act(b, &[n, vh, dv], &v[s * vh * dv..(s + n) * vh * dv]);
-                let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
-                let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
-                let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
-                let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
-                all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
-                s += n;
-            }
-            all.extend(out(b, &state));
-            all
-        });
+    for heads in [(2, 4, 32, 48), (2, 4, 24, 20), (2, 6, 20, 28)] {
+        gated_delta_rule_steps(&mut r, "gated_delta_rule", &[70, 1, 1, 3], heads);
     }
 }
 
@@ -361,20 +380,8 @@ fn attention_flash_prefill() {
     for (hq, hkv, d) in [(4, 2, 64), (4, 1, 128), (2, 2, 256)] {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(100)] {
-            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
             // 2u: the probabilities are rounded to bf16 for the P V product.
-            on_both!(&format!("attention flash [{hq}, {hkv}, {d}] window {window:?}"), 2.0 * U, |b| {
-                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
-                let (mut s, mut all) = (0, Vec::new());
-                for &n in &steps {
-                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
-                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
-                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-                    all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
-                    s += n;
-                }
-                all
-            });
+            attention_steps("attention flash", 2.0 * U, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
@@ -383,30 +390,8 @@ fn attention_flash_prefill() {
 fn gated_delta_rule_chunked_prefill() {
     let mut r = Rng(0xc4c4);
     // Three chunks (the last partial), a decode step, then a chunk from a non-zero state.
-    let steps = [150usize, 1, 70];
-    let total: usize = steps.iter().sum();
-    for (kh, vh, dk, dv) in [(2, 4, 128, 128), (1, 2, 128, 64)] {
-        let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
-        let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
-        let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
-        on_both!(&format!("gated_delta_rule chunked [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
-            let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
-            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
-            let (mut s, mut all) = (0, Vec::new());
-            for &n in &steps {
-                let qt = act(b, &[n, kh, dk], &q[s * kh * dk..(s + n) * kh * dk]);
-                let kt = act(b, &[n, kh, dk], &k[s * kh * dk..(s + n) * kh * dk]);
-                let vt = act(b, &[n, vh, dv], &v[s * vh * dv..(s + n) * vh * dv]);
-                let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
-                let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
-                let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
-                let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
-                all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
-                s += n;
-            }
-            all.extend(out(b, &state));
-            all
-        });
+    for heads in [(2, 4, 128, 128), (1, 2, 128, 64)] {
+        gated_delta_rule_steps(&mut r, "gated_delta_rule chunked", &[150, 1, 70], heads);
     }
 }
 
