@@ -337,7 +337,8 @@ extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDe
 }
 
 // Routing of token blockIdx.x: slot_ids / slot_w [t, slots] get its chosen experts in ascending
-// order, then -1 and the shared expert's multiplier when `slots` exceeds top_k. 128 threads.
+// order, then -1 and the shared expert's multiplier when `slots` exceeds top_k. A thread per
+// expert (128 to 512 threads).
 extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
     __shared__ RouteScratch rs;
     grid_dep_trigger();
@@ -404,49 +405,97 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];
 }
 
-// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]). Grid: (t, hidden),
-// 128 threads: the 4 warps split row r's (slot, chunk) range in quarters, summed in warp order.
+// The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
+// takes an equal share of the output rows, a token at a time, and its warps stream them. An item
+// is sized for 16 chunks in flight per lane. Each block first copies the slots' weight
+// descriptors to shared memory, and each token's SwiGLU activations to dynamic shared memory,
+// where every warp's chunk reads find them at once (read from global memory, each of those reads
+// waited on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its
+// chunks in registers (192 of them), so one block of it fits an SM without spilling.
+// Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
+#define MOE_DEC_SLOTS (GEMV_MAX_T * (MOE_DEC_MAX_K + 1))
+#define MOE_DEC_THREADS 256
+#define MOE_DEC_WAVE_BF16 2
+#define MOE_DEC_WAVE_NVFP4 1
+
+// Runs item(i) for this block's share of t * per_token items, a token at a time, after `stage(tok)`
+// has filled shared memory with the token's input; warps take the items in turn. Threads past the
+// block's last item still reach every barrier.
+template <typename Stage, typename Item> __device__ __forceinline__ void for_block_items(int t, int per_token, Stage stage, Item item) {
+    int items = t * per_token;
+    int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
+    for (int tok = first / per_token; tok * per_token < last; tok++) {
+        __syncthreads();  // the previous token's input is no longer read
+        stage(tok);
+        __syncthreads();
+        int hi = min(last, (tok + 1) * per_token);
+        for (int i = max(first, tok * per_token) + (threadIdx.x >> 5); i < hi; i += blockDim.x >> 5) item(i);
+    }
+}
+
+// dst[0, n) = src[0, n) as f32 by the whole block; n % 8 == 0.
+template <typename X> __device__ __forceinline__ void stage_f32(float* dst, const X* src, int n) {
+    for (int i = 8 * threadIdx.x; i < n; i += 8 * blockDim.x) {
+        float f[8];
+        load_x8(src + i, f);
+        *(float4*)(dst + i) = make_float4(f[0], f[1], f[2], f[3]);
+        *(float4*)(dst + i + 4) = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}
+
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
+// over the slots in order, lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for
+// NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory:
+// slots * inter floats.
 template <bool FP4>
 __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
-                             const SharedDesc& sh, int slots, int hidden, int inter) {
+                             const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Fmt<FP4> F;
-    __shared__ WeightDesc dn[MOE_DEC_MAX_K + 1];
-    __shared__ float mul[MOE_DEC_MAX_K + 1];
-    __shared__ float part[4];
+    constexpr int R = FP4 ? 4 : 1, J = 16 / R;
+    extern __shared__ float4 dyn[];
+    float* as = (float*)dyn;
+    __shared__ WeightDesc dn[MOE_DEC_SLOTS];
+    __shared__ float mul[MOE_DEC_SLOTS];
     grid_dep_wait();
-    int tok = blockIdx.x, r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int sl = threadIdx.x; sl < slots; sl += blockDim.x) {
-        int id = slot_ids[tok * slots + sl];
-        dn[sl] = id >= 0 ? table[2 * id + 1] : sh.down;
-        mul[sl] = slot_w[tok * slots + sl] * F::row_scale(dn[sl], 0);
+    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
+        int id = slot_ids[s];
+        dn[s] = id >= 0 ? table[2 * id + 1] : sh.down;
+        mul[s] = slot_w[s] * F::row_scale(dn[s], 0);
     }
-    __syncthreads();
-    const float* at = act + (long long)tok * slots * inter;
-    int nc = inter / F::ELEMS, total = slots * nc, quarter = (total + 3) / 4;
-    int i1 = min(total, (warp + 1) * quarter);
-    float acc = 0.0f;
-    for (int i0 = warp * quarter + lane; i0 < i1; i0 += 32 * MOE_CHUNKS) {
-        uint4 v[MOE_CHUNKS];
-        unsigned sc[MOE_CHUNKS];
+    int lane = threadIdx.x & 31, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
+    auto stage = [&](int tok) { stage_f32(as, act + (long long)tok * slots * inter, slots * inter); };
+    for_block_items(t, groups, stage, [&](int item) {
+        int tok = item / groups, r0 = (item % groups) * R;
+        const WeightDesc* d = dn + tok * slots;
+        const float* m = mul + tok * slots;
+        float acc[R] = {};
+        for (int i0 = lane; i0 < total; i0 += 32 * J) {
+            uint4 v[J][R];
+            unsigned sc[J][R];
 #pragma unroll
-        for (int j = 0; j < MOE_CHUNKS; j++) {
-            int i = i0 + 32 * j;
-            if (i < i1) F::load(dn[i / nc], r, i % nc, v[j], sc[j]);
+            for (int j = 0; j < J; j++) {
+                int i = i0 + 32 * j;
+                if (i < total)
+#pragma unroll
+                    for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                int i = i0 + 32 * j;
+                if (i >= total) break;
+                int sl = i / nc;
+                // Chunk i of the row is chunk i % nc of slot sl: element i * ELEMS of the staged slots.
+                const float* xf = as + i * F::ELEMS;
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < MOE_CHUNKS; j++) {
-            int i = i0 + 32 * j;
-            if (i >= i1) break;
-            int sl = i / nc;
-            float xf[F::ELEMS];
-            load_xchunk<FP4>(at + (long long)sl * inter, i % nc, xf);
-            acc += mul[sl] * F::dot(v[j], sc[j], xf);
+        for (int r = 0; r < R; r++) {
+            float sum = warp_sum(acc[r]);
+            if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
         }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) part[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) out[(long long)tok * hidden + r] = f2bf(((part[0] + part[1]) + part[2]) + part[3]);
+    });
 }
 
 extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
@@ -457,11 +506,13 @@ extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const int* slot_ids
                                                  int slots, int inter) {
     moe_dec_gate_up<true>(act, slot_ids, x, table, sh, slots, inter);
 }
-extern "C" __global__ void moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-                                             const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter) {
-    moe_dec_down<false>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
+// One resident wave of down blocks (see for_block_items).
+#define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
+MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
+                                                  SharedDesc sh, int t, int slots, int hidden, int inter) {
+    moe_dec_down<false>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
-extern "C" __global__ void moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-                                              const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter) {
-    moe_dec_down<true>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
+MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
+                                                   SharedDesc sh, int t, int slots, int hidden, int inter) {
+    moe_dec_down<true>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }

@@ -30,6 +30,8 @@ macro_rules! kernels {
         /// Every kernel function, by its `extern "C"` name.
         pub struct Kernels {
             $($(pub $name: CudaFunction,)*)*
+            /// Streaming multiprocessors of the device: sizes the one-wave grids.
+            pub sm_count: usize,
         }
 
         impl Kernels {
@@ -40,7 +42,10 @@ macro_rules! kernels {
                     let module = compile(ctx, &arch, $file, include_str!(concat!("../../../kernels/", $file)))?;
                     $(let $name = module.load_function(stringify!($name)).map_err(|e| driver_err(concat!("kernel ", stringify!($name)), e))?;)*
                 )*
-                Ok(Kernels { $($($name,)*)* })
+                let sm_count = ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| driver_err("multiprocessor count", e))? as usize;
+                Ok(Kernels { $($($name,)*)* sm_count })
             }
         }
     };

@@ -11,6 +11,7 @@ use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
 use crate::backend::{act, i32_of};
 use crate::gemv::MAX_T;
+use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
 use crate::moe::{build_table, router_args};
 use crate::weight::{float_code, WeightDesc};
@@ -19,6 +20,9 @@ use crate::CudaBackend;
 /// `MOE_DEC_MAX_EXP`, `MOE_DEC_MAX_K` of kernels/gemv.cu.
 const MAX_EXPERTS: usize = 512;
 const MAX_K: usize = 32;
+/// Dynamic shared memory the down kernel may stage a token's activations in, leaving room for its
+/// static descriptor table within the SM's 227 KiB.
+const MAX_STAGED: usize = 192 << 10;
 
 /// `struct RouteArgs` of kernels/gemv.cu.
 #[repr(C)]
@@ -71,8 +75,9 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     fp4
 }
 
-/// The fused block when the kernels take it (t <= GEMV_MAX_T, hidden <= 65535 (a grid dimension),
-/// bf16 router, one expert format, a shared expert of the routed experts' width); `None` sends the caller to the composed ops.
+/// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format, a
+/// shared expert of the routed experts' width, a token's activations within MAX_STAGED); `None`
+/// sends the caller to the composed ops.
 pub(crate) fn moe_block(
     b: &CudaBackend,
     x: &Tensor<CudaBackend>,
@@ -95,11 +100,11 @@ pub(crate) fn moe_block(
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MAX_T).contains(&t)
         && x.last_dim() == h
-        && h <= 65535
         && n_exp <= MAX_EXPERTS
         && (1..=MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
-        && shared_fits;
+        && shared_fits
+        && 4 * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
     let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
     let px = act(x, "moe_block")?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
@@ -156,9 +161,12 @@ pub(crate) fn moe_block(
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
-    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // A thread per expert: ranking compares each expert with all others, so its time goes with
+    // the experts per thread.
+    let threads = (n_exp.div_ceil(32) * 32).clamp(128, MAX_EXPERTS) as u32;
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a block per token; logits [t, n_exp + 1] written by the previous
+    // int gated, int slots): a block per token of 128..=512 threads (whole warps); logits [t, n_exp + 1] written by the previous
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
@@ -178,14 +186,26 @@ pub(crate) fn moe_block(
     // t * slots * inter floats.
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
+    // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
+    // output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in dynamic
+    // shared memory.
+    let (per_item, per_sm) = if fp4 { (4, 1) } else { (1, 2) };
+    let staged = 4 * slots * inter;
+    let cfg = LaunchConfig {
+        grid_dim: ((t * h / per_item).min(per_sm * b.k().sm_count).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: staged as u32,
+    };
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
+    allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
-    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&si).arg(&hi).arg(&ii);
-    let cfg = LaunchConfig { grid_dim: (t as u32, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-    // const WeightDesc* table, SharedDesc sh, int slots, int hidden, int inter): grid (t, h) of 128
-    // threads; slot ids are experts < n_exp or -1 for the shared expert (written on this stream
-    // before); out holds t * h values.
+    // const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads
+    // a block, slots * inter floats of dynamic shared memory (allowed above); slot ids are experts
+    // < n_exp or -1 for the shared expert (written on this stream before); act holds
+    // t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its gate/up rows
+    // are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }
