@@ -4,9 +4,10 @@
 // codes per chunk, decoded in registers: Hopper has no fp4 MMA, and decode needs none).
 //
 // - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
-//   weights that share the input in one launch (a mixer's projections).
-// - moe_dec_logits, moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: a whole MoE block for a few
-//   tokens in four launches: router (+ shared-expert gate) logits; routing (a block per token);
+//   weights that share the input in one launch (a mixer's projections; a MoE block's router and
+//   shared-expert gate, as f32 logits).
+// - moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens
+//   in three more launches after its logits: routing (a block per token);
 //   fused SwiGLU of every chosen expert and the shared expert; down projections + weighted combine.
 //   No host synchronisation: expert ids never leave the device; the expert table is the
 //   MoeExperts' resident WeightDesc array.
@@ -86,7 +87,13 @@ template <bool FP4, typename X> __device__ __forceinline__ void load_xchunk(cons
 // + [0, GEMV_ROWS), its warps splitting each row's chunks (ks in {1, 2, 4}): a layer of few rows
 // then still has enough loads in flight, where a warp per row pair would leave most SMs idle and
 // stream each row in several dependent rounds. k % ELEMS == 0.
-template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
+// y[i * ld + r] = v, as f32 when `f32_out`, else rounded to bf16.
+__device__ __forceinline__ void store_y(void* y, bool f32_out, long long at, float v) {
+    if (f32_out) ((float*)y)[at] = v;
+    else ((bf16*)y)[at] = f2bf(v);
+}
+
+template <bool FP4> __device__ void gemv(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
     typedef Fmt<FP4> F;
     __shared__ float part[4][GEMV_MAX_T][GEMV_ROWS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % ks;
@@ -136,7 +143,7 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
         for (int r = 0; r < GEMV_ROWS; r++) {
             float sum = warp_sum(acc[i][r]);
             if (ks == 1) {
-                if (lane == 0 && r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
+                if (lane == 0 && r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::row_scale(w, rows[r]));
             } else if (lane == 0) {
                 part[warp][i][r] = sum;
             }
@@ -150,19 +157,23 @@ template <bool FP4> __device__ void gemv(bf16* y, const bf16* x, const WeightDes
         int i = e / GEMV_ROWS, r = e % GEMV_ROWS;
         float sum = 0.0f;
         for (int j = 0; j < ks; j++) sum += part[warp + j][i][r];
-        if (r0 + r < n) y[(long long)i * n + r0 + r] = f2bf(sum * F::row_scale(w, rows[r]));
+        if (r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::row_scale(w, rows[r]));
     }
 }
 
 // Weights of one format that read the same input (vt-cuda's `GemvParts`, #[repr(C)]): part p
-// writes y[p] [t, n[p]] from blocks first_block[p] .. first_block[p + 1] (the last: to the grid's end).
+// writes y[p] [t, n[p]] (rows ld[p] apart) from blocks first_block[p] .. first_block[p + 1] (the
+// last: to the grid's end), as bf16, or as f32 when `f32_out` (router logits).
 struct GemvParts {
     WeightDesc w[GEMV_MAX_PARTS];
     u64 y[GEMV_MAX_PARTS];
     int n[GEMV_MAX_PARTS];
+    int ld[GEMV_MAX_PARTS];
     int first_block[GEMV_MAX_PARTS];
     int parts;
     int ks;  // warps per row group (see gemv)
+    int f32_out;
+    int pad;
 };
 
 template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
@@ -170,7 +181,7 @@ template <bool FP4> __device__ void gemv_parts(const GemvParts& p, const bf16* x
     int part = 0;
     for (int i = 1; i < p.parts; i++)
         if ((int)blockIdx.x >= p.first_block[i]) part = i;
-    gemv<FP4>((bf16*)p.y[part], x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
+    gemv<FP4>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
 }
 
 extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<false>(p, x, t); }
@@ -290,50 +301,6 @@ __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, 
         wts[pos] = rs.top_score[threadIdx.x] / (ra.renorm ? rs.red[0] : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
     }
     __syncthreads();
-}
-
-// logits[i, e] (f32, [t, n_exp + 1]) = x[i] . router[e]; column n_exp = x[i] . gate[0] when
-// `gated`. bf16 weights. Block: 128 threads, one warp per row.
-extern "C" __global__ void moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate, int n_exp, int gated, int t) {
-    typedef Fmt<false> F;
-    grid_dep_trigger();
-    int lane = threadIdx.x & 31, r = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (r >= n_exp + gated) return;
-    WeightDesc w = r < n_exp ? router : gate;
-    long long row = r < n_exp ? r : 0;
-    float acc[GEMV_MAX_T];
-#pragma unroll
-    for (int i = 0; i < GEMV_MAX_T; i++) acc[i] = 0.0f;
-    int nc = w.k / F::ELEMS;
-    uint4 v[CHUNKS];
-    unsigned s[CHUNKS];
-    auto load_round = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < CHUNKS; u++)
-            if (c0 + 32 * u < nc) F::load(w, row, c0 + 32 * u, v[u], s[u]);
-    };
-    load_round(lane);
-    grid_dep_wait();
-    for (int c0 = lane; c0 < nc; c0 += 32 * CHUNKS) {
-        if (c0 != lane) load_round(c0);
-#pragma unroll
-        for (int u = 0; u < CHUNKS; u++) {
-            if (c0 + 32 * u >= nc) break;
-#pragma unroll
-            for (int i = 0; i < GEMV_MAX_T; i++) {
-                if (i >= t) break;
-                float xf[8];
-                load_xchunk<false>(x + (long long)i * w.k, c0 + 32 * u, xf);
-                acc[i] += F::dot(v[u], s[u], xf);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < GEMV_MAX_T; i++) {
-        if (i >= t) break;
-        float sum = warp_sum(acc[i]);
-        if (lane == 0) logits[(long long)i * (n_exp + 1) + r] = sum;
-    }
 }
 
 // Routing of token blockIdx.x: slot_ids / slot_w [t, slots] get its chosen experts in ascending

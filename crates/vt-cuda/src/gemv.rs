@@ -29,13 +29,16 @@ struct GemvParts {
     w: [WeightDesc; MAX_PARTS],
     y: [u64; MAX_PARTS],
     n: [i32; MAX_PARTS],
+    ld: [i32; MAX_PARTS],
     first_block: [i32; MAX_PARTS],
     parts: i32,
     ks: i32,
+    f32_out: i32,
+    pad: i32,
 }
 
 // SAFETY: #[repr(C)] plain data laid out as the CUDA struct (4 x 32-byte WeightDesc, 4 u64,
-// 2 x 4 ints, 2 ints: 200 bytes, 8-byte aligned, no implicit padding).
+// 3 x 4 ints, 4 ints: 224 bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for GemvParts {}
 
 /// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
@@ -50,11 +53,45 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Opti
     }
 }
 
+/// How a GEMV launch stores its outputs.
+#[derive(Clone, Copy)]
+enum Out {
+    /// bf16 `[t, n_p]` per part.
+    Bf16,
+    /// f32, rows `ld` elements apart.
+    F32 { ld: usize },
+}
+
 /// `y_p [t, n_p] = x [t, k] · W_pᵀ` for every `(W_p, y_p)` of `parts` in one launch, when the
 /// GEMV kernels take all the weights, in one format, for this batch; `false` leaves the outputs
 /// untouched for another path. `x` and each `y_p` are device addresses of `t * k` and `t * n_p`
 /// bf16 values, alive until the stream has run (the caller's tensors).
 pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)]) -> Result<bool> {
+    launch(b, x, t, parts, Out::Bf16)
+}
+
+/// A MoE block's routing logits for `t` tokens as f32 `[t, ld]` at `y`: the router's `n` rows in
+/// columns `0..n`, the shared-expert gate's one row, if any, in column `n`. `false` as for `gemv`.
+pub(crate) fn logits(
+    b: &CudaBackend,
+    x: u64,
+    t: usize,
+    router: &Weight<CudaBackend>,
+    gate: Option<&Weight<CudaBackend>>,
+    y: u64,
+    ld: usize,
+) -> Result<bool> {
+    let n = router.dims().0;
+    if ld < n + gate.is_some() as usize {
+        return Ok(false);
+    }
+    match gate {
+        Some(g) => launch(b, x, t, &[(router, y), (g, y + 4 * n as u64)], Out::F32 { ld }),
+        None => launch(b, x, t, &[(router, y)], Out::F32 { ld }),
+    }
+}
+
+fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)], out: Out) -> Result<bool> {
     let Some(((first, _), rest)) = parts.split_first() else { return Ok(false) };
     let Some(f) = kernel_for(b, first, t) else { return Ok(false) };
     let k = first.dims().1;
@@ -66,9 +103,12 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         w: [WeightDesc::of(first, "linear")?; MAX_PARTS],
         y: [0; MAX_PARTS],
         n: [0; MAX_PARTS],
+        ld: [0; MAX_PARTS],
         first_block: [0; MAX_PARTS],
         parts: parts.len() as i32,
         ks: 1,
+        f32_out: matches!(out, Out::F32 { .. }) as i32,
+        pad: 0,
     };
     let pairs: usize = parts.iter().map(|(w, _)| w.dims().0.div_ceil(ROWS_PER_GROUP)).sum();
     let ks = match pairs.div_ceil(4) {
@@ -84,6 +124,10 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
         p.w[i] = WeightDesc::of(w, "linear")?;
         p.y[i] = *y;
         p.n[i] = i32_of(n, "linear outputs")?;
+        p.ld[i] = match out {
+            Out::Bf16 => p.n[i],
+            Out::F32 { ld } => i32_of(ld, "linear output stride")?,
+        };
         p.first_block[i] = i32_of(blocks, "linear blocks")?;
         blocks += n.div_ceil(rows_per_block);
     }
@@ -98,8 +142,9 @@ pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBack
     // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows
     // per block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
     // desc describes a live [n_i, k] weight of this kernel's format whose rows are whole 16-byte
-    // chunks (kernel_for); x holds t * k values, each y[i] t * n[i]. The kernel reads only weights
-    // before grid_dep_wait.
+    // chunks (kernel_for); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs
+    // are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads
+    // only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
 }

@@ -1,5 +1,5 @@
-//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu, `moe_dec_*`), in four
-//! launches and no host synchronisation: router and shared-expert-gate logits; routing on the
+//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu), in four launches and
+//! no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32); routing on the
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
 //! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: the logits
 //! kernel reads only router weights before it waits, the others nothing). Experts are read
@@ -10,7 +10,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
 use crate::backend::{act, i32_of};
-use crate::gemv::MAX_T;
+use crate::gemv::{self, MAX_T};
 use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
 use crate::moe::{build_table, router_args};
@@ -128,10 +128,6 @@ pub(crate) fn moe_block(
         },
         None => SharedDesc { gate: router_desc, up: router_desc, down: router_desc, present: 0, gated: 0 },
     };
-    let gate_desc = match shared.and_then(|s| s.gate_proj) {
-        Some(g) => WeightDesc::of(&g.weight, "moe_block")?,
-        None => router_desc,
-    };
     let slots = top_k + sh.present as usize;
 
     // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0),
@@ -145,19 +141,12 @@ pub(crate) fn moe_block(
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
     let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
-    let (ne, hi) = (n_exp as i32, i32_of(h, "hidden")?);
+    let hi = i32_of(h, "hidden")?;
 
-    let mut l = Overlapped::new(b, &b.k().moe_dec_logits);
-    l.arg(&p_logits).arg(&px).arg(&router_desc).arg(&gate_desc).arg(&ne).arg(&gated).arg(&ti);
-    let cfg = LaunchConfig {
-        grid_dim: ((n_exp + gated as usize).div_ceil(4) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: moe_dec_logits(float* logits, const bf16* x, WeightDesc router, WeightDesc gate,
-    // int n_exp, int gated, int t): one warp per row of n_exp + gated; both descs are bf16 [_, h]
-    // with h % 8 == 0 (checked); logits holds t * (n_exp + 1) floats, x t * h values, t <= 8.
-    unsafe { l.launch(cfg, "moe_dec_logits")? };
+    let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
+    if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
+        return Err(crate::backend::err("moe_block: the GEMV kernel declined the router's logits"));
+    }
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
