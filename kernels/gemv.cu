@@ -6,9 +6,9 @@
 // - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
 //   weights that share the input in one launch (a mixer's projections; a MoE block's router and
 //   shared-expert gate, as f32 logits).
-// - moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens
-//   in three more launches after its logits: routing (a block per token);
-//   fused SwiGLU of every chosen expert and the shared expert; down projections + weighted combine.
+// - moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens,
+//   three launches after its logits: routing (a block per token); fused SwiGLU of every chosen
+//   expert and the shared expert; down projections + weighted combine.
 //   No host synchronisation: expert ids never leave the device; the expert table is the
 //   MoeExperts' resident WeightDesc array.
 
@@ -81,18 +81,18 @@ template <bool FP4, typename X> __device__ __forceinline__ void load_xchunk(cons
     for (int j = 0; j < Fmt<FP4>::ELEMS; j += 8) load_x8(x + (long long)c * Fmt<FP4>::ELEMS + j, f + j);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Dense linear layers: y[i, r] = x[i, :] . W[r, :] for i < t <= GEMV_MAX_T. Block: 128 threads
-// (4 warps) in 4 / ks groups of ks warps; group g of block b owns rows (b * 4 / ks + g) * GEMV_ROWS
-// + [0, GEMV_ROWS), its warps splitting each row's chunks (ks in {1, 2, 4}): a layer of few rows
-// then still has enough loads in flight, where a warp per row pair would leave most SMs idle and
-// stream each row in several dependent rounds. k % ELEMS == 0.
 // y[i * ld + r] = v, as f32 when `f32_out`, else rounded to bf16.
 __device__ __forceinline__ void store_y(void* y, bool f32_out, long long at, float v) {
     if (f32_out) ((float*)y)[at] = v;
     else ((bf16*)y)[at] = f2bf(v);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dense linear layers: y[i, r] = x[i, :] . W[r, :] for i < t <= GEMV_MAX_T. Block: 128 threads
+// (4 warps) in 4 / ks groups of ks warps; group g of block b owns rows (b * 4 / ks + g) * GEMV_ROWS
+// + [0, GEMV_ROWS), its warps splitting each row's chunks (ks in {1, 2, 4}): a layer of few rows
+// then still has enough loads in flight, where a warp per row pair would leave most SMs idle and
+// stream each row in several dependent rounds. k % ELEMS == 0.
 template <bool FP4> __device__ void gemv(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
     typedef Fmt<FP4> F;
     __shared__ float part[4][GEMV_MAX_T][GEMV_ROWS];
@@ -385,31 +385,6 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
 #define MOE_DEC_WAVE_BF16 2
 #define MOE_DEC_WAVE_NVFP4 1
 
-// Runs item(i) for this block's share of t * per_token items, a token at a time, after `stage(tok)`
-// has filled shared memory with the token's input; warps take the items in turn. Threads past the
-// block's last item still reach every barrier.
-template <typename Stage, typename Item> __device__ __forceinline__ void for_block_items(int t, int per_token, Stage stage, Item item) {
-    int items = t * per_token;
-    int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
-    for (int tok = first / per_token; tok * per_token < last; tok++) {
-        __syncthreads();  // the previous token's input is no longer read
-        stage(tok);
-        __syncthreads();
-        int hi = min(last, (tok + 1) * per_token);
-        for (int i = max(first, tok * per_token) + (threadIdx.x >> 5); i < hi; i += blockDim.x >> 5) item(i);
-    }
-}
-
-// dst[0, n) = src[0, n) as f32 by the whole block; n % 8 == 0.
-template <typename X> __device__ __forceinline__ void stage_f32(float* dst, const X* src, int n) {
-    for (int i = 8 * threadIdx.x; i < n; i += 8 * blockDim.x) {
-        float f[8];
-        load_x8(src + i, f);
-        *(float4*)(dst + i) = make_float4(f[0], f[1], f[2], f[3]);
-        *(float4*)(dst + i + 4) = make_float4(f[4], f[5], f[6], f[7]);
-    }
-}
-
 // out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
 // over the slots in order, lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for
 // NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory:
@@ -430,39 +405,49 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
         mul[s] = slot_w[s] * F::row_scale(dn[s], 0);
     }
     int lane = threadIdx.x & 31, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
-    auto stage = [&](int tok) { stage_f32(as, act + (long long)tok * slots * inter, slots * inter); };
-    for_block_items(t, groups, stage, [&](int item) {
-        int tok = item / groups, r0 = (item % groups) * R;
+    // This block's share of the t * groups items, a token at a time; threads past the block's last
+    // item still reach every barrier.
+    int items = t * groups;
+    int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
+    for (int tok = first / groups; tok * groups < last; tok++) {
+        __syncthreads();  // the previous token's activations are no longer read
+        const float4* src = (const float4*)(act + (long long)tok * slots * inter);
+        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) ((float4*)as)[i] = src[i];
+        __syncthreads();
         const WeightDesc* d = dn + tok * slots;
         const float* m = mul + tok * slots;
-        float acc[R] = {};
-        for (int i0 = lane; i0 < total; i0 += 32 * J) {
-            uint4 v[J][R];
-            unsigned sc[J][R];
+        int hi = min(last, (tok + 1) * groups);
+        for (int item = max(first, tok * groups) + (threadIdx.x >> 5); item < hi; item += blockDim.x >> 5) {
+            int r0 = (item % groups) * R;
+            float acc[R] = {};
+            for (int i0 = lane; i0 < total; i0 += 32 * J) {
+                uint4 v[J][R];
+                unsigned sc[J][R];
 #pragma unroll
-            for (int j = 0; j < J; j++) {
-                int i = i0 + 32 * j;
-                if (i < total)
+                for (int j = 0; j < J; j++) {
+                    int i = i0 + 32 * j;
+                    if (i < total)
 #pragma unroll
-                    for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
+                        for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
+                }
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    int i = i0 + 32 * j;
+                    if (i >= total) break;
+                    int sl = i / nc;
+                    // Chunk i of the row is chunk i % nc of slot sl: element i * ELEMS of the staged slots.
+                    const float* xf = as + i * F::ELEMS;
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+                }
             }
 #pragma unroll
-            for (int j = 0; j < J; j++) {
-                int i = i0 + 32 * j;
-                if (i >= total) break;
-                int sl = i / nc;
-                // Chunk i of the row is chunk i % nc of slot sl: element i * ELEMS of the staged slots.
-                const float* xf = as + i * F::ELEMS;
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+            for (int r = 0; r < R; r++) {
+                float sum = warp_sum(acc[r]);
+                if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
             }
         }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float sum = warp_sum(acc[r]);
-            if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
-        }
-    });
+    }
 }
 
 extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
@@ -473,7 +458,7 @@ extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const int* slot_ids
                                                  int slots, int inter) {
     moe_dec_gate_up<true>(act, slot_ids, x, table, sh, slots, inter);
 }
-// One resident wave of down blocks (see for_block_items).
+// One resident wave of down blocks (see moe_dec_down).
 #define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
 MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                                                   SharedDesc sh, int t, int slots, int hidden, int inter) {
