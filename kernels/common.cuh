@@ -100,7 +100,8 @@ __device__ float block_sum(float v) {
 
 // One matrix `[n, k]` in its stored form; mirrors vt-cuda's `WeightDesc` (#[repr(C)]).
 // NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16
-// inputs; row r is scaled by `global[r & 1]` (fused gate/up pairs keep each half's multiplier).
+// inputs; every row is scaled by `global[0]` (a repacked gate/up pair, w4a16.cu, keeps the up
+// half's multiplier in global[1]).
 struct WeightDesc {
     u64 data;
     u64 scales;
@@ -115,7 +116,7 @@ __device__ __forceinline__ float w_at(const WeightDesc& w, long long row, int j)
         unsigned char byte = ((const unsigned char*)w.data)[(row * w.k + j) >> 1];
         unsigned code = (j & 1) ? (byte >> 4) : (byte & 15u);
         unsigned char s = ((const unsigned char*)w.scales)[row * (w.k / 16) + j / 16];
-        return e2m1(code) * (f8e4m3(s) * w.global[row & 1]);
+        return e2m1(code) * (f8e4m3(s) * w.global[0]);
     }
     return ld((const void*)w.data, w.kind, row * (long long)w.k + j);
 }

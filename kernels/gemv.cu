@@ -10,7 +10,7 @@
 //   three launches after its logits: routing (a block per token); fused SwiGLU of every chosen
 //   expert and the shared expert; down projections + weighted combine.
 //   No host synchronisation: expert ids never leave the device; the expert table is the
-//   MoeExperts' resident WeightDesc array.
+//   MoeExperts' resident WeightDesc array (gate, up, down of expert e at 3e, 3e + 1, 3e + 2).
 
 #define GEMV_MAX_T 8
 #define GEMV_MAX_PARTS 4
@@ -55,7 +55,7 @@ template <> struct Fmt<false> {
         return w0 * x[0] + w1 * x[1] + w2 * x[2] + w3 * x[3] + w4 * x[4] + w5 * x[5] + w6 * x[6] + w7 * x[7];
     }
     // Multiplier of a row's dot.
-    static __device__ __forceinline__ float row_scale(const WeightDesc&, long long) { return 1.0f; }
+    static __device__ __forceinline__ float scale(const WeightDesc&) { return 1.0f; }
 };
 
 template <> struct Fmt<true> {
@@ -64,14 +64,14 @@ template <> struct Fmt<true> {
         v = ld_stream((const unsigned char*)w.data + row * (w.k >> 1) + c * 16);
         s = ((const unsigned short*)((const unsigned char*)w.scales + row * (w.k >> 4)))[c];
     }
-    // Without the row's global scale and 2^14 (row_scale).
+    // Without the global scale and 2^14 (scale).
     static __device__ __forceinline__ float dot(uint4 v, unsigned s, const float* x) {
         float g0 = fp4x8_dot(v.x, x) + fp4x8_dot(v.y, x + 8);
         float g1 = fp4x8_dot(v.z, x + 16) + fp4x8_dot(v.w, x + 24);
         return g0 * f8e4m3(s & 0xffu) + g1 * f8e4m3(s >> 8);
     }
-    static __device__ __forceinline__ float row_scale(const WeightDesc& w, long long row) {
-        return ((row & 1) ? w.global[1] : w.global[0]) * FP4_UNSCALE;
+    static __device__ __forceinline__ float scale(const WeightDesc& w) {
+        return w.global[0] * FP4_UNSCALE;
     }
 };
 
@@ -143,7 +143,7 @@ template <bool FP4> __device__ void gemv(void* y, int ld, bool f32_out, const bf
         for (int r = 0; r < GEMV_ROWS; r++) {
             float sum = warp_sum(acc[i][r]);
             if (ks == 1) {
-                if (lane == 0 && r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::row_scale(w, rows[r]));
+                if (lane == 0 && r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::scale(w));
             } else if (lane == 0) {
                 part[warp][i][r] = sum;
             }
@@ -157,7 +157,7 @@ template <bool FP4> __device__ void gemv(void* y, int ld, bool f32_out, const bf
         int i = e / GEMV_ROWS, r = e % GEMV_ROWS;
         float sum = 0.0f;
         for (int j = 0; j < ks; j++) sum += part[warp + j][i][r];
-        if (r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::row_scale(w, rows[r]));
+        if (r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::scale(w));
     }
 }
 
@@ -344,13 +344,13 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
             acc += F::dot(v[j], sc[j], xf);
         }
     }
-    return warp_sum(acc) * F::row_scale(w, row);
+    return warp_sum(acc) * F::scale(w);
 }
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
-// expert (fused gate/up rows 2u, 2u + 1 of table[2e]) or -1, the shared expert (rows u of its gate
-// and up). Grid: (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1 take the gate and
-// the up row of unit 2 * blockIdx.y + j.
+// expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
+// (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1 take the gate and the up row of
+// unit 2 * blockIdx.y + j.
 template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
                                 int slots, int inter) {
@@ -363,9 +363,8 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     bool routed = id >= 0;
     float d = 0.0f;
     if (u < inter) {
-        WeightDesc w = routed ? table[2 * id] : (half ? sh.up : sh.gate);
-        long long row = routed ? 2 * u + half : u;
-        d = warp_dot<FP4>(w, row, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS);
+        WeightDesc w = routed ? table[3 * id + half] : (half ? sh.up : sh.gate);
+        d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS);
         if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
     }
     __syncthreads();
@@ -401,8 +400,8 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     grid_dep_wait();
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
         int id = slot_ids[s];
-        dn[s] = id >= 0 ? table[2 * id + 1] : sh.down;
-        mul[s] = slot_w[s] * F::row_scale(dn[s], 0);
+        dn[s] = id >= 0 ? table[3 * id + 2] : sh.down;
+        mul[s] = slot_w[s] * F::scale(dn[s]);
     }
     int lane = threadIdx.x & 31, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
     // This block's share of the t * groups items, a token at a time; threads past the block's last

@@ -13,11 +13,3 @@ extern "C" __global__ void linear_rows(bf16* y, const bf16* x, WeightDesc w, int
     float acc = warp_row_dot(w, r, xs);
     if ((threadIdx.x & 31) == 0) y[tok * n + r] = f2bf(acc);
 }
-
-// dst row 2i = a row i, dst row 2i + 1 = b row i (bytes; rows of row_bytes). Grid covers dst bytes.
-extern "C" __global__ void interleave_rows(unsigned char* dst, const unsigned char* a, const unsigned char* b, long long rows, long long row_bytes) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= 2 * rows * row_bytes) return;
-    long long r = i / row_bytes, c = i % row_bytes;
-    dst[i] = ((r & 1) ? b : a)[(r >> 1) * row_bytes + c];
-}

@@ -1,6 +1,7 @@
 // The routed-experts block on the device: router logits and top-k in f32, then SwiGLU experts
-// read through the layer's expert table (resident state: fused gate/up rows 2u, 2u+1 and down,
-// one WeightDesc pair per expert), combined in ascending expert order as vt-cpu does.
+// read through the layer's expert table (resident state: one WeightDesc each for the gate, up and
+// down projections of every expert, at 3e, 3e + 1, 3e + 2), combined in ascending expert order as
+// vt-cpu does.
 
 #define MOE_MAX_K 32
 
@@ -61,12 +62,12 @@ extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, We
 extern "C" __global__ void moe_gate_up(float* act, const bf16* x, const int* ids, const WeightDesc* table, int top_k, int inter) {
     extern __shared__ float xs[];
     long long slot = blockIdx.x, tok = slot / top_k;
-    const WeightDesc& gu = table[2 * ids[slot]];
-    for (int j = threadIdx.x; j < gu.k; j += blockDim.x) xs[j] = bf2f(x[tok * gu.k + j]);
+    const WeightDesc* gu = table + 3 * ids[slot];
+    for (int j = threadIdx.x; j < gu[0].k; j += blockDim.x) xs[j] = bf2f(x[tok * gu[0].k + j]);
     __syncthreads();
     int u = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (u >= inter) return;
-    float g = warp_row_dot(gu, 2 * u, xs), up = warp_row_dot(gu, 2 * u + 1, xs);
+    float g = warp_row_dot(gu[0], u, xs), up = warp_row_dot(gu[1], u, xs);
     if ((threadIdx.x & 31) == 0) act[slot * inter + u] = silu(g) * up;
 }
 
@@ -75,7 +76,7 @@ extern "C" __global__ void moe_gate_up(float* act, const bf16* x, const int* ids
 extern "C" __global__ void moe_down(float* y, const float* act, const int* ids, const WeightDesc* table, int hidden) {
     extern __shared__ float as[];
     long long slot = blockIdx.x;
-    const WeightDesc& dn = table[2 * ids[slot] + 1];
+    const WeightDesc& dn = table[3 * ids[slot] + 2];
     for (int j = threadIdx.x; j < dn.k; j += blockDim.x) as[j] = act[slot * dn.k + j];
     __syncthreads();
     int r = blockIdx.y * 8 + (threadIdx.x >> 5);

@@ -3,7 +3,8 @@
 //   2. moe_prefill_plan: per-expert offsets and the list of 64-row tiles (expert, first row);
 //   3. moe_prefill_scatter: every (token, choice) slot gets a row in expert-sorted order;
 //   4. moe_gemm_gate_up / moe_gemm_down: grouped bf16 tensor-core GEMMs over the layer's expert
-//      table (moe.rs: fused gate/up rows 2u, 2u+1, then down), SwiGLU fused into the first;
+//      table (moe.rs: gate, up, down of expert e at 3e, 3e + 1, 3e + 2), SwiGLU fused into the
+//      first, which reads gate row u and up row u as its rows 2u, 2u + 1;
 //   5. moe_prefill_combine: weighted sum per token in ascending expert order, as vt-cpu does.
 // Rows of one expert land in arbitrary order within its range (atomics), but each row's result
 // depends only on its own inputs, so the output is deterministic.
@@ -127,31 +128,40 @@ extern "C" __global__ void moe_prefill_scatter(int* sorted_tok, int* slot_pos, i
 __device__ __forceinline__ int mp_swz(int r, int ch) { return r * MP_BK + ((ch ^ ((r >> 1) & 3)) << 3); }
 
 // C = A W^T over one tile of MP_BM sorted rows (all of one expert) and MP_BN weight rows.
-// A row r is `a + a_row(r) * k` (gathered token rows for gate/up, sorted activations for down);
-// W is the expert's [n, k] bf16 matrix. 128 threads: 2 x 2 warps of 32 x 64. k % 8 == 0.
+// GATE_UP: A rows are token rows of `a` gathered through a_rows, and W is [2 * inter, k] with
+// rows 2u, 2u + 1 the expert's gate and up row u; otherwise A rows are consecutive and W is the
+// expert's down projection. 128 threads: 2 x 2 warps of 32 x 64. k % 8 == 0.
 // Hands the accumulators (warp tile [mi][nj][4]) and the tile's geometry to `epilogue`.
-template <bool GATHER, typename Epi>
-__device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, const WeightDesc* table, int part, const int* tiles,
+template <bool GATE_UP, typename Epi>
+__device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, const WeightDesc* table, const int* tiles,
                                              const int* n_tiles, const int* counts, const int* offsets, int n, int k, Epi epilogue) {
     extern __shared__ __align__(16) bf16 mp_sh[];
     int tile = blockIdx.y;
     if (tile >= *n_tiles) return;
     int e = tiles[2 * tile], row0 = tiles[2 * tile + 1];
     int rows = min(MP_BM, offsets[e] + counts[e] - row0);
-    const bf16* w = (const bf16*)table[2 * e + part].data;
+    const WeightDesc* w = table + 3 * e;
     int n0 = blockIdx.x * MP_BN;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
     bf16* sa = mp_sh;
     bf16* sb = mp_sh + MP_STAGES * MP_BM * MP_BK;
 
-    // This thread's copies: 2 A chunks and 4 B chunks of 16 bytes per stage.
+    // This thread's copies: 2 A chunks and 4 B chunks of 16 bytes per stage, from fixed rows.
     const bf16* a_src[2];
     bool a_ok[2];
     for (int i = 0; i < 2; i++) {
         int r = (tid + 128 * i) >> 2;
         a_ok[i] = r < rows;
-        long long src_row = a_ok[i] ? (GATHER ? a_rows[row0 + r] : row0 + r) : 0;
+        long long src_row = a_ok[i] ? (GATE_UP ? a_rows[row0 + r] : row0 + r) : 0;
         a_src[i] = a + src_row * k;
+    }
+    const bf16* b_src[4];
+    bool b_ok[4];
+    for (int i = 0; i < 4; i++) {
+        int wr = n0 + ((tid + 128 * i) >> 2);
+        b_ok[i] = wr < n;
+        const WeightDesc& d = GATE_UP ? w[wr & 1] : w[2];
+        b_src[i] = (const bf16*)d.data + (b_ok[i] ? (long long)(GATE_UP ? wr >> 1 : wr) * k : 0);
     }
     auto load = [&](int stage, int kt) {
         int k0 = kt * MP_BK;
@@ -161,8 +171,8 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
         }
         for (int i = 0; i < 4; i++) {
             int c = tid + 128 * i, r = c >> 2, ch = c & 3, col = k0 + ch * 8;
-            bool ok = n0 + r < n && col < k;
-            cp_async16(smem_addr(sb + stage * MP_BN * MP_BK + mp_swz(r, ch)), w + (ok ? (long long)(n0 + r) * k + col : 0), ok);
+            bool ok = b_ok[i] && col < k;
+            cp_async16(smem_addr(sb + stage * MP_BN * MP_BK + mp_swz(r, ch)), b_src[i] + (ok ? col : 0), ok);
         }
     };
 
@@ -211,21 +221,21 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
             }
 }
 
-// act[pos, u] = silu(gate_u . x) * (up_u . x) in bf16 for every sorted slot: weight rows 2u, 2u+1
-// of the fused matrix [2 * inter, hidden] are adjacent columns of one thread's accumulators.
+// act[pos, u] = silu(gate_u . x) * (up_u . x) in bf16 for every sorted slot: gate row u and up row
+// u, as rows 2u, 2u + 1 of the tile, are adjacent columns of one thread's accumulators.
 // Grid: (ceil(2 * inter / MP_BN), max tiles), 128 threads, 48 KiB dynamic shared memory: the
 // column tiles of one row tile run side by side, so its rows and its expert's weights are read
 // from L2 while they are hot.
 extern "C" __global__ void moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc* table, const int* tiles,
                                             const int* n_tiles, const int* counts, const int* offsets, int inter, int hidden) {
-    grouped_gemm<true>(x, sorted_tok, table, 0, tiles, n_tiles, counts, offsets, 2 * inter, hidden,
+    grouped_gemm<true>(x, sorted_tok, table, tiles, n_tiles, counts, offsets, 2 * inter, hidden,
                        [&](int pos, int col, float gate, float up) { act[(long long)pos * inter + col / 2] = f2bf(silu(gate) * up); });
 }
 
 // y[pos, :] = down(act[pos]) in f32. Grid: (ceil(hidden / MP_BN), max tiles), as above.
 extern "C" __global__ void moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
                                          const int* counts, const int* offsets, int inter, int hidden) {
-    grouped_gemm<false>(act, nullptr, table, 1, tiles, n_tiles, counts, offsets, hidden, inter, [&](int pos, int col, float v0, float v1) {
+    grouped_gemm<false>(act, nullptr, table, tiles, n_tiles, counts, offsets, hidden, inter, [&](int pos, int col, float v0, float v1) {
         *(float2*)(y + (long long)pos * hidden + col) = make_float2(v0, v1);
     });
 }

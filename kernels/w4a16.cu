@@ -25,9 +25,17 @@
 #define W4_TILE_BYTES (W4_CODE_BYTES + W4_SCALE_BYTES)
 #define W4_STAGES 4
 
-// Grid (k tiles, row tiles), 256 threads. Rows >= n and inputs >= k are zero codes and scales,
-// so the GEMM needs no bounds on the weight side.
-extern "C" __global__ void w4a16_repack(unsigned char* packed, const unsigned char* codes, const unsigned char* scales, int n, int k) {
+// Row `row` of a matrix of `row_bytes` rows at `a`, or, when `b` is set, of the rows of a and b
+// interleaved (an expert's gate and up rows u as rows 2u, 2u + 1).
+__device__ __forceinline__ const unsigned char* w4_src_row(const unsigned char* a, const unsigned char* b, int row, long long row_bytes) {
+    return b ? ((row & 1) ? b : a) + (row >> 1) * row_bytes : a + row * row_bytes;
+}
+
+// Grid (k tiles, row tiles), 256 threads. The matrix is [n, k] (codes, scales), or with codes2
+// set, those rows interleaved with (codes2, scales2)'s (w4_src_row). Rows >= n and inputs >= k
+// are zero codes and scales, so the GEMM needs no bounds on the weight side.
+extern "C" __global__ void w4a16_repack(unsigned char* packed, const unsigned char* codes, const unsigned char* scales,
+                                        const unsigned char* codes2, const unsigned char* scales2, int n, int k) {
     int kt = blockIdx.x, nt = blockIdx.y;
     unsigned char* tile = packed + ((long long)nt * gridDim.x + kt) * W4_TILE_BYTES;
     for (int wd = threadIdx.x; wd < W4_CODE_BYTES / 4; wd += blockDim.x) {
@@ -40,7 +48,7 @@ extern "C" __global__ void w4a16_repack(unsigned char* packed, const unsigned ch
             int col = kt * W4_BK + 16 * s + 2 * c + 8 * ((e >> 1) & 1) + (e & 1);
             unsigned code = 0;
             if (row < n && col < k) {
-                unsigned char byte = codes[((long long)row * k + col) >> 1];
+                unsigned char byte = w4_src_row(codes, codes2, row, k / 2)[col >> 1];
                 code = (col & 1) ? byte >> 4 : byte & 15u;
             }
             word |= (code & 7u) << (4 * e);
@@ -51,7 +59,7 @@ extern "C" __global__ void w4a16_repack(unsigned char* packed, const unsigned ch
     for (int i = threadIdx.x; i < W4_SCALE_BYTES; i += blockDim.x) {
         int j = i & 3, s = (i >> 2) & 3, g = (i >> 4) & 7, wn = i >> 7;
         int row = nt * W4_BN + wn * 32 + 8 * j + g, group = kt * (W4_BK / 16) + s;
-        tile[W4_CODE_BYTES + i] = row < n && group < k / 16 ? scales[(long long)row * (k / 16) + group] : 0;
+        tile[W4_CODE_BYTES + i] = row < n && group < k / 16 ? w4_src_row(scales, scales2, row, k / 16)[group] : 0;
     }
 }
 
@@ -196,9 +204,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) w4a16_gemm(bf16* y, const b
 }
 
 // ---- Grouped MoE prefill with NVFP4 experts: moe_prefill.cu's tiles (64 expert-sorted slots of
-// one expert each, MP_BM) over the expert table's repacked copies (moe.rs): in `table`, entry
-// 2e is expert e's fused gate/up [2 inter, hidden] (rows 2u, 2u + 1 = gate u, up u, multipliers
-// global[0], global[1]) and 2e + 1 its down [hidden, inter], each `data` its repacked tiles. ----
+// one expert each, MP_BM) over repacked copies of the expert table's weights (w4a16.rs
+// `PackedExperts`): in `table`, entry 2e is expert e's gate and up packed as one [2 inter, hidden]
+// matrix (rows 2u, 2u + 1 = gate u, up u, multipliers global[0], global[1]) and 2e + 1 its down
+// [hidden, inter], each `data` its repacked tiles. ----
 
 // The tile of slots `blockIdx.y` (expert, first sorted row, row count); false for a spare block.
 __device__ __forceinline__ bool w4_moe_tile(const int* tiles, const int* n_tiles, const int* counts, const int* offsets, int& e, int& row0, int& rows) {

@@ -171,8 +171,9 @@ pub(crate) fn moe(
     // SAFETY: moe_gemm_gate_up / moe_w4_gate_up(bf16* act, const bf16* x, const int* sorted_tok,
     // const WeightDesc* table, const int* tiles, const int* n_tiles, const int* counts, const int*
     // offsets, int inter, int hidden), block size and shared memory as each kernel wants (allowed
-    // above): each expert's fused gate/up is a [2 * inter, h] bf16 matrix, or NVFP4 repacked to
-    // the w4 kernels' tiles (fits, and the table picked with the kernels); h and inter are
+    // above): each expert's gate and up are [inter, h] bf16 matrices (moe.rs's table), or NVFP4
+    // repacked as one [2 * inter, h] to the w4 kernels' tiles (fits, and the table picked with the
+    // kernels); h and inter are
     // multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots rows
     // of act [slots, inter]; sorted_tok < t rows of x.
     launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe gate/up GEMM")?;

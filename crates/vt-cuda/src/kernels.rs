@@ -53,7 +53,7 @@ macro_rules! kernels {
 
 kernels! {
     "elementwise.cu" => [embedding, rms_norm, rms_norm_gated, add, swiglu, gate, narrow_cols, rope],
-    "linear.cu" => [linear_rows, interleave_rows],
+    "linear.cu" => [linear_rows],
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],

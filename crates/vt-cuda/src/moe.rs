@@ -1,28 +1,28 @@
 //! The routed-experts block on the device, and the expert table it reads.
 //!
 //! The table is resident state derived from the experts, built on first use and kept in the
-//! `MoeExperts`' own `ResidentSlot`, as vt-cpu does: each expert's gate and up rows repacked
-//! pairwise into one matrix (one pass over the input yields both halves of each SwiGLU unit) and a
-//! device array of `WeightDesc` (fused gate/up, down) per expert that the kernels index by expert
-//! id. The array points into the fused copies and into each expert's own down projection. NVFP4
-//! experts also get, at their first grouped prefill, a second array over tensor-core repacked
-//! copies of the same matrices (w4a16.rs), kept in the same table.
+//! `MoeExperts`' own `ResidentSlot`, as vt-cpu does: a device array of `WeightDesc` (gate, up,
+//! down) per expert, pointing at the experts' own weights, that the kernels index by expert id.
+//! The kernels read gate row u and up row u together as one SwiGLU unit, so no fused copy is
+//! needed. NVFP4 experts also get, at their first grouped prefill, a second array over
+//! tensor-core repacked copies of the same matrices (w4a16.rs), kept in the same table.
 
 use std::sync::OnceLock;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor, Weight, NVFP4_GROUP};
+use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor};
 
 use crate::alloc::CudaBuffer;
-use crate::backend::{act, check, grid1, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::backend::{act, check, i32_of, launched, MAX_SHARED, MAX_TOP_K};
 use crate::w4a16::PackedExperts;
-use crate::weight::{float_code, WeightDesc, DT_NVFP4};
+use crate::weight::{float_code, WeightDesc};
 use crate::CudaBackend;
 
+/// `WeightDesc`s per expert in the table: gate, up, down.
+pub(crate) const DESCS_PER_EXPERT: usize = 3;
+
 pub struct CudaExpertTable {
-    /// Interleaved gate/up codes (and scales for NVFP4) of every expert.
-    _fused: Vec<CudaBuffer>,
-    /// `[experts, 2]` `WeightDesc`s: fused gate/up, down.
+    /// `[experts, 3]` `WeightDesc`s: gate, up, down.
     table: CudaBuffer,
     /// The same, on the host (what the tensor-core layout is derived from).
     host: Vec<WeightDesc>,
@@ -31,7 +31,7 @@ pub struct CudaExpertTable {
 }
 
 impl CudaExpertTable {
-    /// Device address of the `[experts, 2]` `WeightDesc` array (grouped.rs reads it too).
+    /// Device address of the `[experts, 3]` `WeightDesc` array (grouped.rs reads it too).
     pub(crate) fn descs(&self) -> u64 {
         self.table.ptr()
     }
@@ -48,67 +48,17 @@ impl CudaExpertTable {
     }
 }
 
-/// Rows of `a` and `b` (each `rows` rows of `row_bytes`) interleaved into a new buffer.
-fn interleave(
-    b: &CudaBackend,
-    a: &Tensor<CudaBackend>,
-    u: &Tensor<CudaBackend>,
-    rows: usize,
-    row_bytes: usize,
-) -> Result<CudaBuffer> {
-    let dst = b.buffer(2 * rows * row_bytes)?;
-    let (pd, pa, pu, r, rb) = (dst.ptr(), a.buffer().ptr(), u.buffer().ptr(), rows as i64, row_bytes as i64);
-    let mut l = b.stream().launch_builder(&b.k().interleave_rows);
-    l.arg(&pd).arg(&pa).arg(&pu).arg(&r).arg(&rb);
-    // SAFETY: interleave_rows(unsigned char* dst, const unsigned char* a, const unsigned char* b,
-    // long long rows, long long row_bytes): a and b hold rows * row_bytes bytes each (validated
-    // weights of one shape and format), dst twice that.
-    launched(unsafe { l.launch(grid1(2 * rows * row_bytes)) }, "interleave_rows")?;
-    Ok(dst)
-}
-
 pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) -> Result<CudaExpertTable> {
-    let (inter, hidden) = (experts.intermediate, experts.hidden);
-    let mut fused = Vec::new();
-    let mut descs = Vec::with_capacity(2 * experts.experts.len());
+    let mut descs = Vec::with_capacity(DESCS_PER_EXPERT * experts.experts.len());
     for (e, ex) in experts.experts.iter().enumerate() {
-        let gu = match (&ex.gate, &ex.up) {
-            (Weight::Dense(g), Weight::Dense(u)) if g.dtype() == u.dtype() => {
-                let row = g.dtype().bytes_for(hidden).expect("validated");
-                let codes = interleave(b, g, u, inter, row)?;
-                let desc = WeightDesc {
-                    data: codes.ptr(),
-                    scales: 0,
-                    global: [1.0; 2],
-                    kind: float_code(g, "moe")?,
-                    k: hidden as i32,
-                };
-                fused.push(codes);
-                desc
-            }
-            (Weight::Nvfp4(g), Weight::Nvfp4(u)) => {
-                let codes = interleave(b, &g.codes, &u.codes, inter, hidden / 2)?;
-                let scales = interleave(b, &g.scales, &u.scales, inter, hidden / NVFP4_GROUP)?;
-                let desc = WeightDesc {
-                    data: codes.ptr(),
-                    scales: scales.ptr(),
-                    global: [g.global_scale, u.global_scale],
-                    kind: DT_NVFP4,
-                    k: hidden as i32,
-                };
-                fused.extend([codes, scales]);
-                desc
-            }
-            _ => {
-                return Err(Error::tensor(
-                    format!("expert {e}"),
-                    "gate and up projections must share one storage format",
-                ))
-            }
-        };
-        descs.extend([gu, WeightDesc::of(&ex.down, "moe")?]);
+        let [gate, up, down] = [&ex.gate, &ex.up, &ex.down].map(|w| WeightDesc::of(w, "moe"));
+        let (gate, up) = (gate?, up?);
+        if gate.kind != up.kind {
+            return Err(Error::tensor(format!("expert {e}"), "gate and up projections must share one storage format"));
+        }
+        descs.extend([gate, up, down?]);
     }
-    Ok(CudaExpertTable { _fused: fused, table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
+    Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
 
 /// The routing kernel's `kind`, renormalisation, softcap and scaling for a router.
@@ -199,8 +149,8 @@ pub(crate) fn moe(
         shared_mem_bytes: (h * 4) as u32,
     };
     // SAFETY: moe_gate_up(float* act, const bf16* x, const int* ids, const WeightDesc* table,
-    // int top_k, int inter): ids < n_exp (written by moe_route), the table has 2 * n_exp entries
-    // whose fused gate/up is [2 * inter, h]; act holds slots * inter floats.
+    // int top_k, int inter): ids < n_exp (written by moe_route), the table has 3 * n_exp entries
+    // (gate and up [inter, h], down [h, inter]); act holds slots * inter floats.
     launched(unsafe { l.launch(cfg) }, "moe_gate_up")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_down);

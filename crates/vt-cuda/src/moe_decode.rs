@@ -171,9 +171,8 @@ pub(crate) fn moe_block(
     // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
     // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of 128 threads; slot
     // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
-    // 2 * n_exp descs (fused gate/up [2 * inter, h], down [h, inter]) of the one format `fp4`
-    // names, as are the shared expert's [inter, h] / [h, inter] (checked); act holds
-    // t * slots * inter floats.
+    // 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names, as
+    // are the shared expert's (checked); act holds t * slots * inter floats.
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than

@@ -11,6 +11,7 @@ use vt_core::{Linear, Nvfp4, Result, Weight};
 use crate::alloc::CudaBuffer;
 use crate::backend::{check, i32_of, launched};
 use crate::kernels::allow_shared;
+use crate::moe::DESCS_PER_EXPERT;
 use crate::weight::{WeightDesc, DT_NVFP4};
 use crate::CudaBackend;
 
@@ -35,50 +36,58 @@ impl PackedNvfp4 {
     /// Repacks `q` (validated at load: `k % 16 == 0`, scales `[n, k / 16]`).
     pub(crate) fn new(b: &CudaBackend, q: &Nvfp4<CudaBackend>) -> Result<Self> {
         let (n, k) = (q.codes.shape()[0], q.codes.shape()[1]);
-        Ok(PackedNvfp4 { buf: repack(b, q.codes.buffer().ptr(), q.scales.buffer().ptr(), n, k)? })
+        Ok(PackedNvfp4 { buf: repack(b, (q.codes.buffer().ptr(), q.scales.buffer().ptr()), None, n, k)? })
     }
 }
 
-/// The tiles of the NVFP4 matrix `[n, k]` whose codes and scales are at device addresses `codes`
-/// (`n * k / 2` bytes) and `scales` (`n * k / 16`), alive until the stream has run; `k % 16 == 0`.
-fn repack(b: &CudaBackend, codes: u64, scales: u64, n: usize, k: usize) -> Result<CudaBuffer> {
+/// The tiles of the NVFP4 matrix `[n, k]` whose (codes, scales) are at device addresses `rows`
+/// (`n * k / 2` and `n * k / 16` bytes), or, with `pair` (then `n` is even), of `rows`' and
+/// `pair`'s `n / 2` rows each, interleaved (gate row u and up row u as rows 2u, 2u + 1). All alive
+/// until the stream has run; `k % 16 == 0`.
+fn repack(b: &CudaBackend, rows: (u64, u64), pair: Option<(u64, u64)>, n: usize, k: usize) -> Result<CudaBuffer> {
     let (n_tiles, k_tiles) = (n.div_ceil(TILE_N), k.div_ceil(TILE_K));
     check(k.is_multiple_of(16) && k_tiles <= i32::MAX as usize && n_tiles <= 65535, "nvfp4 repack", || {
         format!("NVFP4 matrix [{n}, {k}]")
     })?;
     let buf = b.buffer(n_tiles * k_tiles * TILE_BYTES)?;
     let (pp, ni, ki) = (buf.ptr(), i32_of(n, "rows")?, i32_of(k, "inputs")?);
+    let ((codes, scales), (codes2, scales2)) = (rows, pair.unwrap_or((0, 0)));
     let mut l = b.stream().launch_builder(&b.k().w4a16_repack);
-    l.arg(&pp).arg(&codes).arg(&scales).arg(&ni).arg(&ki);
+    l.arg(&pp).arg(&codes).arg(&scales).arg(&codes2).arg(&scales2).arg(&ni).arg(&ki);
     let cfg =
         LaunchConfig { grid_dim: (k_tiles as u32, n_tiles as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: w4a16_repack(unsigned char* packed, const unsigned char* codes, const unsigned
-    // char* scales, int n, int k): one block per (k tile, row tile) writing its 4608 bytes of
-    // `buf` (sized for the whole grid); it reads codes and scales only at rows < n and inputs < k,
-    // inside the sizes the caller vouches for.
+    // char* scales, const unsigned char* codes2, const unsigned char* scales2, int n, int k): one
+    // block per (k tile, row tile) writing its 4608 bytes of `buf` (sized for the whole grid); it
+    // reads codes and scales only at rows < n and inputs < k (rows < n / 2 of each matrix when
+    // codes2 is set), inside the sizes the caller vouches for.
     launched(unsafe { l.launch(cfg) }, "w4a16_repack")?;
     Ok(buf)
 }
 
-/// The grouped MoE kernels' expert table (kernels/w4a16.cu `moe_w4_*`): the `[experts, 2]`
-/// `WeightDesc`s of moe.rs's table with each `data` pointing at its matrix's repacked tiles.
+/// The grouped MoE kernels' expert table (kernels/w4a16.cu `moe_w4_*`): per expert, its gate and
+/// up repacked as one `[2 inter, hidden]` matrix (rows interleaved), then its down projection.
 pub(crate) struct PackedExperts {
     _tiles: Vec<CudaBuffer>,
     table: CudaBuffer,
 }
 
 impl PackedExperts {
-    /// From moe.rs's host copy of the table (fused gate/up `[2 inter, hidden]`, down
-    /// `[hidden, inter]`, all NVFP4 and alive as long as the table).
+    /// From moe.rs's host copy of the table (gate, up `[inter, hidden]` and down
+    /// `[hidden, inter]` per expert, all NVFP4 and alive as long as the table).
     pub(crate) fn new(b: &CudaBackend, descs: &[WeightDesc], inter: usize, hidden: usize) -> Result<Self> {
-        let mut tiles = Vec::with_capacity(descs.len());
-        let mut packed = Vec::with_capacity(descs.len());
-        for (i, d) in descs.iter().enumerate() {
-            check(d.kind == DT_NVFP4, "moe", || format!("expert {} is not NVFP4", i / 2))?;
-            let (n, k) = if i % 2 == 0 { (2 * inter, hidden) } else { (hidden, inter) };
-            let buf = repack(b, d.data, d.scales, n, k)?;
-            packed.push(WeightDesc { data: buf.ptr(), scales: 0, ..*d });
-            tiles.push(buf);
+        let mut tiles = Vec::with_capacity(descs.len() / DESCS_PER_EXPERT * 2);
+        let mut packed = Vec::with_capacity(tiles.capacity());
+        for (e, d) in descs.chunks_exact(DESCS_PER_EXPERT).enumerate() {
+            check(d.iter().all(|d| d.kind == DT_NVFP4), "moe", || format!("expert {e} is not NVFP4"))?;
+            let [gate, up, down] = [d[0], d[1], d[2]];
+            let gate_up = repack(b, (gate.data, gate.scales), Some((up.data, up.scales)), 2 * inter, hidden)?;
+            let down_tiles = repack(b, (down.data, down.scales), None, hidden, inter)?;
+            packed.extend([
+                WeightDesc { data: gate_up.ptr(), scales: 0, global: [gate.global[0], up.global[0]], ..gate },
+                WeightDesc { data: down_tiles.ptr(), scales: 0, ..down },
+            ]);
+            tiles.extend([gate_up, down_tiles]);
         }
         Ok(PackedExperts { _tiles: tiles, table: b.upload_slice(&packed)? })
     }

@@ -28,7 +28,8 @@ pub struct WeightDesc {
     pub data: u64,
     /// NVFP4 block scales (0 for dense weights).
     pub scales: u64,
-    /// NVFP4 multiplier of even and odd rows (fused gate/up pairs keep each half's own).
+    /// NVFP4 per-tensor multiplier in `[0]`; a repacked gate/up pair (w4a16.rs) keeps the up
+    /// half's in `[1]`.
     pub global: [f32; 2],
     pub kind: i32,
     /// Inputs per row.
