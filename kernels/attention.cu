@@ -10,6 +10,7 @@
 // Writes this call's last min(t, window) positions (all t without a window) into the cache;
 // `start_at`, when not null, holds the start position instead of `start`.
 extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row, int start, const int* start_at, int window) {
+    grid_dep_begin();
     if (start_at) start = *start_at;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * row) return;

@@ -16,6 +16,7 @@
 extern "C" __global__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
                                           int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale,
                                           int splits) {
+    grid_dep_begin();
     if (start_at) start = *start_at;
     __shared__ float wm[4], wl[4], wacc[4][ATT_DEC_MAX_D];
     const float NEG_INF = __int_as_float(0xff800000);
@@ -92,6 +93,7 @@ extern "C" __global__ void attn_dec_split(float* part, const bf16* q, const bf16
 
 // out[h, :] = the splits of head h merged. Grid: q_heads, 256 threads.
 extern "C" __global__ void attn_dec_combine(bf16* out, const float* part, int d, int splits) {
+    grid_dep_begin();
     const float* ph = part + (long long)blockIdx.x * splits * (d + 2);
     float M = __int_as_float(0xff800000);
     for (int s = 0; s < splits; s++) M = fmaxf(M, ph[(long long)s * (d + 2) + d]);

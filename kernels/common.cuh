@@ -67,13 +67,20 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(
 // torch softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// ---- Programmatic dependent launch (sm_90): a kernel launched with vt-cuda's `launch_overlapped`
-// may start while the previous kernel on the stream is finishing. Before `grid_dep_wait` it may
-// only read what no kernel writes (weights); the wait returns once the previous kernel has
-// finished and its writes are visible. `grid_dep_trigger` lets the next such kernel start early.
-// Both are no-ops in a kernel launched the ordinary way.
+// ---- Programmatic dependent launch (sm_90): a kernel launched with vt-cuda's `Overlapped`
+// (launch.rs) may start while the previous kernel on the stream is finishing. Before
+// `grid_dep_wait` it may only read what no kernel writes (weights); the wait returns once the
+// previous kernel has finished and its writes are visible. Some block of every launch must wait,
+// so that a kernel's end still means its predecessors' ends. `grid_dep_trigger` lets the next such
+// kernel start early. Both are no-ops in a kernel launched the ordinary way.
 __device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void grid_dep_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+// The first statement of an overlapped kernel that reads nothing before its predecessor ends: the
+// next kernel may launch (and start its own weight loads) while this one runs.
+__device__ __forceinline__ void grid_dep_begin() {
+    grid_dep_trigger();
+    grid_dep_wait();
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

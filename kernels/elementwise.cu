@@ -1,8 +1,9 @@
-// Row-wise and elementwise ops on bf16 activations (f32 arithmetic): embedding, RMSNorm variants,
-// add, SwiGLU, gates, column narrowing and rotary embedding.
+// Row-wise and elementwise ops on bf16 activations (f32 arithmetic): embedding, gated RMSNorm,
+// add, SwiGLU, gates, column narrowing and rotary embedding (plain RMSNorm: add_norm.cu).
 
 // out[i, :] = table[ids[i], :]. Grid: one block per token.
 extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden) {
+    grid_dep_begin();
     long long row = ids[blockIdx.x], base = (long long)blockIdx.x * hidden;
     float kept[NORM_KEEP];
 #pragma unroll
@@ -19,33 +20,9 @@ extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const
         out[base + j] = f2bf(ld(table, dt, row * hidden + j));
 }
 
-// x / rms(x) * (offset + w). Grid: one block per row.
-extern "C" __global__ void rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps, float offset) {
-    grid_dep_trigger();
-    const bf16* row = x + (long long)blockIdx.x * d;
-    float kept[NORM_KEEP], wk[NORM_KEEP], ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_KEEP; i++) {
-        int j = threadIdx.x + i * blockDim.x;
-        kept[i] = j < d ? bf2f(row[j]) : 0.0f;
-        wk[i] = j < d ? offset + ld(w, wdt, j) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < NORM_KEEP; i++) ss += kept[i] * kept[i];
-    for (int j = threadIdx.x + NORM_KEEP * blockDim.x; j < d; j += blockDim.x) { float v = bf2f(row[j]); ss += v * v; }
-    float r = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
-#pragma unroll
-    for (int i = 0; i < NORM_KEEP; i++) {
-        int j = threadIdx.x + i * blockDim.x;
-        if (j < d) out[(long long)blockIdx.x * d + j] = f2bf(kept[i] * r * wk[i]);
-    }
-    for (int j = threadIdx.x + NORM_KEEP * blockDim.x; j < d; j += blockDim.x)
-        out[(long long)blockIdx.x * d + j] = f2bf(bf2f(row[j]) * r * (offset + ld(w, wdt, j)));
-}
-
 // w * (x / rms(x)) * silu(z). Grid: one block per row.
 extern "C" __global__ void rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt, int d, float eps) {
-    grid_dep_trigger();
+    grid_dep_begin();
     long long base = (long long)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(x[base + j]); ss += v * v; }
@@ -66,7 +43,7 @@ extern "C" __global__ void swiglu(bf16* out, const bf16* g, const bf16* u, long 
 
 // out[i] = x[i] * act(g[i / per]); act 0 = sigmoid, 1 = softplus.
 extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act) {
-    grid_dep_trigger();
+    grid_dep_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gv = bf2f(g[i / per]);
@@ -75,6 +52,7 @@ extern "C" __global__ void gate(bf16* out, const bf16* x, const bf16* g, long lo
 
 // Columns start..start+len of x [rows, width]. Grid covers rows * len elements.
 extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows, int width, int start, int len) {
+    grid_dep_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * len) return;
     long long r = i / len;
@@ -88,6 +66,7 @@ struct RopeFreqs { float f[128]; };
 // reads its position from device memory).
 extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int* start_at, int half, RopeFreqs inv,
                                float scaling) {
+    grid_dep_begin();
     if (start_at) start = *start_at;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * heads * d) return;

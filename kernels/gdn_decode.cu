@@ -12,6 +12,7 @@
 // out[ch] = silu(sum_j w[ch, j] * window_j), window = (state[ch, :], x[ch]); the state then holds
 // the last k - 1 inputs. One thread per channel; out f32, state bf16 [c, k - 1].
 extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, bf16* state, int c, int k) {
+    grid_dep_begin();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
     bf16* st = state + (long long)ch * (k - 1);
@@ -53,6 +54,7 @@ __device__ __forceinline__ void col_sums(float* p, float (*red)[GDN_COLS], float
 // keeps S rows rg + 32m (m < 4), columns col .. col + 3 in registers.
 extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
                                          const void* dt_bias, int dt_bias_dt, float* state, int key_heads, int value_heads) {
+    grid_dep_begin();
     __shared__ float qs[GDN_D], ks[GDN_D];
     __shared__ float red[8][GDN_COLS];
     __shared__ float tot[GDN_COLS];

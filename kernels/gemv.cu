@@ -308,8 +308,7 @@ __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, 
 // expert (128 to 512 threads).
 extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
     __shared__ RouteScratch rs;
-    grid_dep_trigger();
-    grid_dep_wait();
+    grid_dep_begin();
     int tok = blockIdx.x;
     const float* lg = logits + (long long)tok * (ra.n_exp + 1);
     route_token(lg, ra, slot_ids + tok * slots, slot_w + tok * slots, rs);
@@ -355,8 +354,7 @@ template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
                                 int slots, int inter) {
     __shared__ float up_dot[2];
-    grid_dep_trigger();
-    grid_dep_wait();
+    grid_dep_begin();
     int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
     int u = blockIdx.y * 2 + (warp >> 1);
     int id = slot_ids[blockIdx.x];

@@ -2,10 +2,11 @@
 //! positions are split over blocks (64 each) whose partial softmax results a second kernel merges,
 //! so decode reads the cache at memory speed whatever its length.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use vt_core::Result;
 
-use crate::backend::{i32_of, launched};
+use crate::backend::i32_of;
+use crate::launch::Overlapped;
 use crate::CudaBackend;
 
 /// `ATT_DEC_SPLIT` and `ATT_DEC_MAX_D` of kernels/attn_decode.cu.
@@ -61,7 +62,7 @@ pub(crate) fn launch(
         i32_of(window, "window")?,
         i32_of(splits, "splits")?,
     );
-    let mut l = b.stream().launch_builder(&b.k().attn_dec_split);
+    let mut l = Overlapped::new(b, &b.k().attn_dec_split);
     l.arg(&pp)
         .arg(&o.q)
         .arg(&o.k)
@@ -83,11 +84,13 @@ pub(crate) fn launch(
     // 128 threads covering the `visible` positions; d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
     // d], k/v [1, kv_heads, d], the cache holds every earlier visible position (kv.rs reserved it);
     // part holds q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position.
-    launched(unsafe { l.launch(cfg) }, "attn_dec_split")?;
-    let mut l = b.stream().launch_builder(&b.k().attn_dec_combine);
+    // The kernel starts with grid_dep_begin.
+    unsafe { l.launch(cfg, "attn_dec_split")? };
+    let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
     l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);
     let cfg = LaunchConfig { grid_dim: (q_heads as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attn_dec_combine(bf16* out, const float* part, int d, int splits): one block per
     // head over the partials written above on this stream; out holds q_heads * d values.
-    launched(unsafe { l.launch(cfg) }, "attn_dec_combine")
+    // The kernel starts with grid_dep_begin.
+    unsafe { l.launch(cfg, "attn_dec_combine") }
 }

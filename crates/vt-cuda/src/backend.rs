@@ -18,6 +18,7 @@ use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
 use crate::blas::Gemm;
 use crate::kernels::Kernels;
 use crate::kv::CudaKvCache;
+use crate::launch::Overlapped;
 use crate::record::{CudaStepGraph, Recording};
 use crate::weight::{float_code, WeightDesc};
 
@@ -272,12 +273,13 @@ impl Backend for CudaBackend {
         };
         let out = self.empty(DType::BF16, &[ids.len(), hidden])?;
         let (po, pt, h) = (out.buffer().ptr(), table.buffer().ptr(), i32_of(hidden, "hidden")?);
-        let mut l = self.stream().launch_builder(&self.k().embedding);
+        let mut l = Overlapped::new(self, &self.k().embedding);
         l.arg(&po).arg(&pt).arg(&dt).arg(&pi).arg(&h);
         let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden):
         // one block per id, every id < vocab (checked), out holds ids.len() * hidden values.
-        launched(unsafe { l.launch(cfg) }, "embedding")?;
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(cfg, "embedding")? };
         drop(dev_ids); // freed in stream order, after the kernel
         Ok(out)
     }
@@ -289,12 +291,13 @@ impl Backend for CudaBackend {
         let offset = kind.weight_offset();
         let out = self.empty(DType::BF16, x.shape())?;
         let (po, di) = (out.buffer().ptr(), i32_of(d, "norm width")?);
-        let mut l = self.stream().launch_builder(&self.k().rms_norm);
+        let mut l = Overlapped::new(self, &self.k().rms_norm);
         l.arg(&po).arg(&px).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
         let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: rms_norm(bf16* out, const bf16* x, const void* w, int wdt, int d, float eps,
         // float offset): one block per row of d values; w holds d values of dtype wdt.
-        launched(unsafe { l.launch(cfg) }, "rms_norm")?;
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(cfg, "rms_norm")? };
         Ok(out)
     }
 
@@ -307,12 +310,13 @@ impl Backend for CudaBackend {
             (act(x, "rms_norm_gated")?, act(z, "rms_norm_gated")?, w.buffer().ptr(), float_code(w, "rms_norm_gated")?);
         let out = self.empty(DType::BF16, x.shape())?;
         let (po, di) = (out.buffer().ptr(), i32_of(d, "norm width")?);
-        let mut l = self.stream().launch_builder(&self.k().rms_norm_gated);
+        let mut l = Overlapped::new(self, &self.k().rms_norm_gated);
         l.arg(&po).arg(&px).arg(&pz).arg(&pw).arg(&wdt).arg(&di).arg(&eps);
         let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt,
         // int d, float eps): one block per row; x, z, out hold rows * d values, w holds d.
-        launched(unsafe { l.launch(cfg) }, "rms_norm_gated")?;
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(cfg, "rms_norm_gated")? };
         Ok(out)
     }
 
@@ -389,13 +393,14 @@ impl Backend for CudaBackend {
         let offset = kind.weight_offset();
         let (sum, out) = (self.empty(DType::BF16, x.shape())?, self.empty(DType::BF16, x.shape())?);
         let (ps, po, di) = (sum.buffer().ptr(), out.buffer().ptr(), i32_of(d, "norm width")?);
-        let mut l = self.stream().launch_builder(&self.k().add_rms_norm);
+        let mut l = Overlapped::new(self, &self.k().add_rms_norm);
         l.arg(&ps).arg(&po).arg(&px).arg(&py).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
         let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w,
         // int wdt, int d, float eps, float offset): one block per row of d values; x, y, sum, out
         // hold rows * d values (one shape, checked), w holds d values of dtype wdt.
-        launched(unsafe { l.launch(cfg) }, "add_rms_norm")?;
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(cfg, "add_rms_norm")? };
         Ok((sum, out))
     }
 
@@ -416,11 +421,11 @@ impl Backend for CudaBackend {
             GateAct::Sigmoid => 0,
             GateAct::Softplus => 1,
         };
-        let mut l = self.stream().launch_builder(&self.k().gate);
+        let mut l = Overlapped::new(self, &self.k().gate);
         l.arg(&po).arg(&px).arg(&pg).arg(&n).arg(&per).arg(&a);
         // SAFETY: gate(bf16* out, const bf16* x, const bf16* g, long long n, int per, int act):
-        // x and out hold n values, g holds n / per (checked above).
-        launched(unsafe { l.launch(grid1(x.numel())) }, "gate")?;
+        // x and out hold n values, g holds n / per (checked above); the kernel starts with grid_dep_begin.
+        unsafe { l.launch(grid1(x.numel()), "gate")? };
         Ok(out)
     }
 
@@ -431,11 +436,12 @@ impl Backend for CudaBackend {
         let out = self.empty(DType::BF16, &with_last(x.shape(), len))?;
         let (po, rows, w, s, n) =
             (out.buffer().ptr(), x.rows() as i64, i32_of(width, "width")?, start as i32, len as i32);
-        let mut l = self.stream().launch_builder(&self.k().narrow_cols);
+        let mut l = Overlapped::new(self, &self.k().narrow_cols);
         l.arg(&po).arg(&px).arg(&rows).arg(&w).arg(&s).arg(&n);
         // SAFETY: narrow_cols(bf16* out, const bf16* x, long long rows, int width, int start,
         // int len): start + len <= width (checked); out holds rows * len values.
-        launched(unsafe { l.launch(grid1(x.rows() * len)) }, "narrow_cols")?;
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(grid1(x.rows() * len), "narrow_cols")? };
         Ok(out)
     }
 
@@ -493,13 +499,13 @@ impl Backend for CudaBackend {
         let (ti, hi, di, si, hf) =
             (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?, half as i32);
         let start_at = self.recording().map(|r| r.pos_at("rope", start)).transpose()?.unwrap_or(0);
-        let mut l = self.stream().launch_builder(&self.k().rope);
+        let mut l = Overlapped::new(self, &self.k().rope);
         l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&start_at).arg(&hf);
         l.arg(&freqs).arg(&rope.attention_scaling);
         // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int*
         // start_at, int half, RopeFreqs inv (float[128] by value), float scaling): x and out hold
-        // t * heads * d values; start_at is 0 or a recording's position.
-        launched(unsafe { l.launch(grid1(x.numel())) }, "rope")?;
+        // t * heads * d values; start_at is 0 or a recording's position; the kernel starts with grid_dep_begin.
+        unsafe { l.launch(grid1(x.numel()), "rope")? };
         Ok(out)
     }
 

@@ -2,10 +2,11 @@
 //! all q/k/v channels, then the gated delta rule with the f32 state read and written once. Heads of
 //! key and value dim 128 (every Qwen3.5 size); other shapes take the composed ops.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use vt_core::{DType, GdnStep, Result, Tensor};
 
-use crate::backend::{act, grid1, i32_of, launched};
+use crate::backend::{act, grid1, i32_of};
+use crate::launch::Overlapped;
 use crate::weight::float_code;
 use crate::CudaBackend;
 
@@ -52,20 +53,21 @@ pub(crate) fn step(
     let po = out.buffer().ptr();
     let (ci, ki, khi, vhi) = (i32_of(channels, "channels")?, taps as i32, kh as i32, i32_of(vh, "value heads")?);
 
-    let mut l = b.stream().launch_builder(&b.k().gdn_dec_conv);
+    let mut l = Overlapped::new(b, &b.k().gdn_dec_conv);
     l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&pcs).arg(&ci).arg(&ki);
     // SAFETY: gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, bf16* state, int c,
     // int k): one thread per channel; x [1, c] and w [c, k] (dtype wdt), state bf16 [c, k - 1],
-    // out c floats (checked above).
-    launched(unsafe { l.launch(grid1(channels)) }, "gdn_dec_conv")?;
+    // out c floats (checked above); the kernel starts with grid_dep_begin.
+    unsafe { l.launch(grid1(channels), "gdn_dec_conv")? };
 
-    let mut l = b.stream().launch_builder(&b.k().gdn_dec_state);
+    let mut l = Overlapped::new(b, &b.k().gdn_dec_state);
     l.arg(&po).arg(&pc).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt).arg(&ps).arg(&khi).arg(&vhi);
     let cfg = LaunchConfig { grid_dim: (vh as u32, (D / COLS) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void*
     // a_log, int, const void* dt_bias, int, float* state, int key_heads, int value_heads): grid
     // (vh, D / COLS) of 256 threads; qkv holds (2 kh + vh) * D floats, a/b/a_log/dt_bias vh
     // values, state [vh, D, D] f32, out vh * D values; vh % kh == 0 (checked above).
-    launched(unsafe { l.launch(cfg) }, "gdn_dec_state")?;
+    // The kernel starts with grid_dep_begin.
+    unsafe { l.launch(cfg, "gdn_dec_state")? };
     Ok(Some(out))
 }

@@ -10,6 +10,7 @@ use vt_core::{AttentionParams, DType, Result, Tensor};
 
 use crate::alloc::{driver_err, Allocator, CudaBuffer};
 use crate::backend::{act, check, err, grid1, i32_of, launched, MAX_HEAD_DIM};
+use crate::launch::Overlapped;
 use crate::record::RecordedCache;
 use crate::CudaBackend;
 
@@ -205,13 +206,13 @@ pub(crate) fn attention(
         launched(unsafe { l.launch(cfg) }, "attention")?;
     }
     let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
-    let mut l = b.stream().launch_builder(&b.k().kv_append);
+    let mut l = Overlapped::new(b, &b.k().kv_append);
     l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&start_ptr).arg(&window);
     // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,
     // int start, const int* start_at, int window): writes rows start..start+t (mod window) of a
     // cache reserved for them (a recording's position is one its replays check fits); queued after
-    // the attention kernel, which reads the rows it may overwrite.
-    launched(unsafe { l.launch(grid1(t * cache.kv_heads * head_dim)) }, "kv_append")?;
+    // the attention kernel, which reads the rows it may overwrite; the kernel starts with grid_dep_begin.
+    unsafe { l.launch(grid1(t * cache.kv_heads * head_dim), "kv_append")? };
     match (recording, cache.recorded()) {
         // The recorded step has not run: each replay advances the cache.
         (Some(r), Some(c)) => r.add_cache(c),

@@ -629,16 +629,44 @@ fn random_fill_matches_the_host_definition() {
 #[test]
 fn add_rms_norm_fused() {
     let mut r = Rng(0xadd0);
-    let (t, d) = (5, 2048);
-    let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
-    for kind in [NormKind::Plain, NormKind::UnitOffset] {
-        // 2u: the norm reads the sum rounded to bf16 (as add then rms_norm would).
-        on_both!(&format!("add_rms_norm {kind:?}"), 2.0 * U, |b| {
-            let (sum, normed) =
-                b.add_rms_norm(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &small(b, &w), 1e-6, kind).unwrap();
-            let mut all = out(b, &sum);
-            all.extend(out(b, &normed));
-            all
-        });
+    let t = 5;
+    // Widths and weight dtypes that take each path of kernels/add_norm.cu: 8 values per access
+    // (bf16 weight, width % 8 == 0), 1 per access (odd width, or an f32 weight), and rows longer
+    // than the part each thread keeps in registers (4096 values at 256 threads), read again.
+    for (d, f32_weight) in [(2048, false), (5000, false), (163, false), (4100, true)] {
+        let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
+        for kind in [NormKind::Plain, NormKind::UnitOffset] {
+            on_both!(&format!("rms_norm {kind:?} width {d}"), U, |b| {
+                out(b, &b.rms_norm(&act(b, &[t, d], &x), &norm_weight(b, &w, f32_weight), 1e-6, kind).unwrap())
+            });
+            // 2u: the norm reads the sum rounded to bf16 (as add then rms_norm would).
+            on_both!(&format!("add_rms_norm {kind:?} width {d}"), 2.0 * U, |b| {
+                let (sum, normed) = b
+                    .add_rms_norm(
+                        &act(b, &[t, d], &x),
+                        &act(b, &[t, d], &y),
+                        &norm_weight(b, &w, f32_weight),
+                        1e-6,
+                        kind,
+                    )
+                    .unwrap();
+                let mut all = out(b, &sum);
+                all.extend(out(b, &normed));
+                all
+            });
+            // One body: the fused norm is rms_norm of the sum it wrote, bit for bit.
+            let b = &cuda();
+            let nw = norm_weight(b, &w, f32_weight);
+            let (sum, normed) = b.add_rms_norm(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &nw, 1e-6, kind).unwrap();
+            assert_eq!(out(b, &normed), out(b, &b.rms_norm(&sum, &nw, 1e-6, kind).unwrap()), "width {d}");
+        }
+    }
+}
+
+fn norm_weight<B: Backend>(b: &B, w: &[f32], f32_weight: bool) -> Tensor<B> {
+    if f32_weight {
+        b.upload(DType::F32, &[w.len()], bytemuck_f32(w)).unwrap()
+    } else {
+        small(b, w)
     }
 }
