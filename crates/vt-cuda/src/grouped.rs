@@ -173,9 +173,8 @@ pub(crate) fn moe(
     // offsets, int inter, int hidden), block size and shared memory as each kernel wants (allowed
     // above): each expert's gate and up are [inter, h] bf16 matrices (moe.rs's table), or NVFP4
     // repacked as one [2 * inter, h] to the w4 kernels' tiles (fits, and the table picked with the
-    // kernels); h and inter are
-    // multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots rows
-    // of act [slots, inter]; sorted_tok < t rows of x.
+    // kernels); h and inter are multiples of 8 (16-byte rows); every tile's rows lie in its
+    // expert's range of the slots rows of act [slots, inter]; sorted_tok < t rows of x.
     launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe gate/up GEMM")?;
     let mut l = b.stream().launch_builder(down);
     l.arg(&py).arg(&pact).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
