@@ -42,13 +42,15 @@ struct GemvParts {
 unsafe impl DeviceRepr for GemvParts {}
 
 /// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
-/// 32-code chunks) for `t` tokens; if so, which kernel.
+/// 32-code chunks) for `t` tokens; if so, which kernel (one token has its own, lighter ones).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Option<&'a CudaFunction> {
-    let k = w.dims().1;
+    let (k, one) = (w.dims().1, t == 1);
     match w {
         _ if t == 0 || t > MAX_T => None,
-        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => Some(&b.k().gemv_bf16),
-        Weight::Nvfp4(_) if k.is_multiple_of(32) => Some(&b.k().gemv_nvfp4),
+        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
+            Some(if one { &b.k().gemv_bf16_t1 } else { &b.k().gemv_bf16 })
+        }
+        Weight::Nvfp4(_) if k.is_multiple_of(32) => Some(if one { &b.k().gemv_nvfp4_t1 } else { &b.k().gemv_nvfp4 }),
         _ => None,
     }
 }
@@ -139,12 +141,12 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16/gemv_nvfp4(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows
-    // per block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T; every
-    // desc describes a live [n_i, k] weight of this kernel's format whose rows are whole 16-byte
-    // chunks (kernel_for); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs
-    // are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads
-    // only weights before grid_dep_wait.
+    // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows
+    // per block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T (t = 1
+    // for _t1); every desc describes a live [n_i, k] weight of this kernel's format whose rows are
+    // whole 16-byte chunks (kernel_for); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]:
+    // bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The
+    // kernel reads only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
 }
