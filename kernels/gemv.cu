@@ -328,9 +328,10 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
 #define MOE_CHUNKS 8
 
 // Dot of row `row` of w with the chunks [c0, c1) of x (f32 or bf16), by one warp; every lane
-// gets the sum. Loads MOE_CHUNKS chunks per lane before any arithmetic.
+// gets the sum. Loads MOE_CHUNKS chunks per lane before any arithmetic. With `wait`, the lanes
+// execute grid_dep_wait once their first loads are in flight (x may come from the previous kernel).
 template <bool FP4, typename X>
-__device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, const X* x, int c0, int c1) {
+__device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, const X* x, int c0, int c1, bool wait = false) {
     typedef Fmt<FP4> F;
     int lane = threadIdx.x & 31;
     float acc = 0.0f;
@@ -340,6 +341,10 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
 #pragma unroll
         for (int j = 0; j < MOE_CHUNKS; j++)
             if (i0 + 32 * j < c1) F::load(w, row, i0 + 32 * j, v[j], sc[j]);
+        if (wait) {
+            grid_dep_wait();
+            wait = false;
+        }
 #pragma unroll
         for (int j = 0; j < MOE_CHUNKS; j++) {
             if (i0 + 32 * j >= c1) break;
@@ -348,6 +353,7 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
             acc += F::dot(v[j], sc[j], xf);
         }
     }
+    if (wait) grid_dep_wait();  // a lane with no chunks
     return warp_sum(acc) * F::scale(w);
 }
 
@@ -359,16 +365,21 @@ template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
                                 int slots, int inter) {
     __shared__ float up_dot[2];
-    grid_dep_begin();
     int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
     int u = blockIdx.y * 2 + (warp >> 1);
-    int id = slot_ids[blockIdx.x];
-    bool routed = id >= 0;
+    // The shared expert's blocks (its slot is the last) know their rows without the routing: their
+    // first round of weights is in flight before they wait, while the routing kernel runs.
+    bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
+    grid_dep_trigger();
+    if (!shared_slot) grid_dep_wait();
+    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     float d = 0.0f;
     if (u < inter) {
-        WeightDesc w = routed ? table[3 * id + half] : (half ? sh.up : sh.gate);
-        d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS);
+        WeightDesc w = id >= 0 ? table[3 * id + half] : (half ? sh.up : sh.gate);
+        d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS, shared_slot);
         if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
+    } else if (shared_slot) {
+        grid_dep_wait();
     }
     __syncthreads();
     if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];

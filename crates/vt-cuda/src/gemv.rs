@@ -41,10 +41,15 @@ struct GemvParts {
 // 3 x 4 ints, 4 ints: 224 bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for GemvParts {}
 
+/// Rows from which one token still takes the t <= 8 kernels: the single-token ones' extra resident
+/// blocks pay on layers of thousands of rows, but made a 248k-row lm_head 5 % slower (221 -> 233 µs).
+const T1_MAX_ROWS: usize = 1 << 16;
+
 /// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
-/// 32-code chunks) for `t` tokens; if so, which kernel (one token has its own, lighter ones).
+/// 32-code chunks) for `t` tokens; if so, which kernel (one token has its own, lighter ones, up to
+/// T1_MAX_ROWS rows).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Option<&'a CudaFunction> {
-    let (k, one) = (w.dims().1, t == 1);
+    let (k, one) = (w.dims().1, t == 1 && w.dims().0 < T1_MAX_ROWS);
     match w {
         _ if t == 0 || t > MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {

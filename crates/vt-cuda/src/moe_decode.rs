@@ -1,8 +1,9 @@
 //! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu), in four launches and
 //! no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32); routing on the
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
-//! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: the logits
-//! kernel reads only router weights before it waits, the others nothing). Experts are read
+//! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: before they
+//! wait, the logits kernel reads router weights and the shared expert's gate/up blocks theirs; the
+//! others read nothing). Experts are read
 //! through the `MoeExperts`' resident expert table (moe.rs), the shared expert through its own
 //! weights.
 

@@ -469,8 +469,9 @@ fn linear_nvfp4_prefill_tensor_cores() {
 fn linear_decode_gemv_few_tokens() {
     let mut r = Rng(0x6e3f);
     // Rows not a multiple of a block's rows, inputs of several 4-chunk batches and a tail; few
-    // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair).
-    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64)] {
+    // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair);
+    // lm_head-like rows, where one token takes the t <= 8 kernel.
+    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64)] {
         for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
             for t in [1, 3, 8] {
                 let x = r.vec(t * k, 2.0);
@@ -507,43 +508,51 @@ fn linear_many_shares_one_pass_over_the_input() {
 #[test]
 fn moe_block_decode_every_router_format_and_shared_expert() {
     let mut r = Rng(0xdec0);
-    // 40 experts: more than one per lane in the routing warp. 64 hidden, 32 intermediate: whole
-    // NVFP4 chunks for every matrix.
-    let (h, inter, n_exp) = (64, 32, 40);
     let kinds = [
         RouterKind::Softmax { top_k: 8, renormalize: true },
         RouterKind::Softmax { top_k: 3, renormalize: false },
         RouterKind::Sigmoid { top_k: 4, softcap: Some(3.0), renormalize: true, routed_scaling: 2.5 },
     ];
-    let router_w = HostWeight::bf16(&mut r, n_exp, h);
-    let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
-    for format in ["bf16", "nvfp4"] {
-        let experts = host_experts(&mut r, format, n_exp, h, inter);
-        let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
-        for kind in &kinds {
-            for (shared_kind, t) in [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)] {
-                let x = r.vec(t * h, 2.0);
-                on_both!(&format!("moe_block decode {format} {kind:?} shared {shared_kind} t={t}"), U, |b| {
-                    let moe = upload_experts(b, &experts, h, inter);
-                    let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
-                    let router = Router {
-                        weight: Linear::new(b, router_w.upload(b)),
-                        kind: kind.clone(),
-                        correction_bias: sigmoid.then(|| small(b, &bias)),
-                    };
-                    let [sg, su, sd] = shared.each_ref().map(|w| Linear::new(b, w.upload(b)));
-                    let sgate = Linear::new(b, gate_w.upload(b));
-                    let se = SharedExpert { gate: &sg, up: &su, down: &sd, gate_proj: Some(&sgate) };
-                    let se = match shared_kind {
-                        "none" => None,
-                        "plain" => Some(SharedExpert { gate_proj: None, ..se }),
-                        _ => Some(se),
-                    };
-                    let xt = act(b, &[t, h], &x);
-                    let first = out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap());
-                    assert_eq!(first, out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap()));
-                    first
-                });
+    let every_shared = [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)];
+    // 40 experts, fewer than the routing block's 128 threads; 64 hidden, 32 intermediate: whole
+    // NVFP4 chunks for every matrix. Then a layer of real proportions: 128 experts, rows of 1024
+    // and 256 (several load rounds per lane, a down row over many chunks), at 1 and 8 tokens.
+    for (h, inter, n_exp, shared_cases) in
+        [(64, 32, 40, &every_shared[..]), (1024, 256, 128, &[("gated", 1), ("gated", 8)])]
+    {
+        let router_w = HostWeight::bf16(&mut r, n_exp, h);
+        let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
+        for format in ["bf16", "nvfp4"] {
+            let experts = host_experts(&mut r, format, n_exp, h, inter);
+            let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
+            for kind in &kinds {
+                for &(shared_kind, t) in shared_cases {
+                    let x = r.vec(t * h, 2.0);
+                    let op = format!(
+                        "moe_block decode {format} [{h}, {inter}, {n_exp}] {kind:?} shared {shared_kind} t={t}"
+                    );
+                    on_both!(&op, U, |b| {
+                        let moe = upload_experts(b, &experts, h, inter);
+                        let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
+                        let router = Router {
+                            weight: Linear::new(b, router_w.upload(b)),
+                            kind: kind.clone(),
+                            correction_bias: sigmoid.then(|| small(b, &bias)),
+                        };
+                        let [sg, su, sd] = shared.each_ref().map(|w| Linear::new(b, w.upload(b)));
+                        let sgate = Linear::new(b, gate_w.upload(b));
+                        let se = SharedExpert { gate: &sg, up: &su, down: &sd, gate_proj: Some(&sgate) };
+                        let se = match shared_kind {
+                            "none" => None,
+                            "plain" => Some(SharedExpert { gate_proj: None, ..se }),
+                            _ => Some(se),
+                        };
+                        let xt = act(b, &[t, h], &x);
+                        let first = out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap());
+                        assert_eq!(first, out(b, &b.moe_block(&xt, &router, &moe, se.as_ref()).unwrap()));
+                        first
+                    });
+                }
             }
         }
     }
