@@ -41,15 +41,16 @@ struct GemvParts {
 // 3 x 4 ints, 4 ints: 224 bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for GemvParts {}
 
-/// Rows from which one token still takes the t <= 8 kernels: the single-token ones' extra resident
-/// blocks pay on layers of thousands of rows, but made a 248k-row lm_head 5 % slower (221 -> 233 µs).
+/// Rows of a launch from which one token still takes the t <= 8 kernels: the single-token ones'
+/// extra resident blocks pay on layers of thousands of rows, but made a 248k-row lm_head 5 % slower
+/// (221 -> 233 µs).
 const T1_MAX_ROWS: usize = 1 << 16;
 
 /// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
-/// 32-code chunks) for `t` tokens; if so, which kernel (one token has its own, lighter ones, up to
-/// T1_MAX_ROWS rows).
-fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize) -> Option<&'a CudaFunction> {
-    let (k, one) = (w.dims().1, t == 1 && w.dims().0 < T1_MAX_ROWS);
+/// 32-code chunks) for `t` tokens in a launch of `rows` rows; if so, which kernel (one token has
+/// its own, lighter ones, below T1_MAX_ROWS rows).
+fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<&'a CudaFunction> {
+    let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
     match w {
         _ if t == 0 || t > MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
@@ -100,9 +101,11 @@ pub(crate) fn logits(
 
 fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)], out: Out) -> Result<bool> {
     let Some(((first, _), rest)) = parts.split_first() else { return Ok(false) };
-    let Some(f) = kernel_for(b, first, t) else { return Ok(false) };
+    let rows = parts.iter().map(|(w, _)| w.dims().0).sum();
+    let Some(f) = kernel_for(b, first, t, rows) else { return Ok(false) };
     let k = first.dims().1;
-    let same = |w: &Weight<CudaBackend>| w.dims().1 == k && kernel_for(b, w, t).is_some_and(|g| std::ptr::eq(g, f));
+    let same =
+        |w: &Weight<CudaBackend>| w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g, f));
     if parts.len() > MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
         return Ok(false);
     }

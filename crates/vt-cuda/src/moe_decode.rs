@@ -3,9 +3,8 @@
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
 //! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: before they
 //! wait, the logits kernel reads router weights and the shared expert's gate/up blocks theirs; the
-//! others read nothing). Experts are read
-//! through the `MoeExperts`' resident expert table (moe.rs), the shared expert through its own
-//! weights.
+//! others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
+//! the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};

@@ -106,7 +106,7 @@ pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>,
     let (n, k) = w.weight.dims();
     // Checkpoints' NVFP4 rows are whole 16-code scale groups (validated at load); a weight made
     // otherwise takes the simple kernel.
-    if t == 0 || t.div_ceil(ROWS) > 65535 || k % 16 != 0 {
+    if t == 0 || t.div_ceil(ROWS) > 65535 || !k.is_multiple_of(16) {
         return Ok(false);
     }
     let packed = w.resident.get_or_try_init(b, || PackedNvfp4::new(b, q))?;
