@@ -4,119 +4,163 @@
 // cache (position p in row p, or row p % window for a sliding ring), this call's from k / v;
 // kv_append runs afterwards. A query at position p sees keys p - window < j <= p (window 0: all).
 //
-// Block: 64 queries of one head, 4 warps of 16 query rows; key tiles of 64. Shared memory holds
-// Q, one K and one V tile (bf16, rows XOR-swizzled in 16-byte chunks so ldmatrix is
-// conflict-free): the V copy overlaps Q K^T and the next K copy overlaps P V.
+// Block: WARPS warps of 16 query rows, ROWS = 16 * WARPS rows in all, which are `hpb` heads of one
+// KV group times ROWS / hpb consecutive queries (head-major), so that every K / V tile copied to
+// shared memory serves ROWS rows while the block's queries stay few (a short causal diagonal).
+// Key tiles of 64. Shared memory holds the Q rows, one K and one V tile (bf16, rows XOR-swizzled
+// in 16-byte chunks so ldmatrix is conflict-free): the V copy overlaps Q K^T and the next K copy
+// overlaps P V.
 
-#define FA_BM 64
 #define FA_BN 64
 
-// bf16 offset of 16-byte chunk `ch` of row `r` in a tile with D columns (D >= 64).
-template <int D> __device__ __forceinline__ int fa_swz(int r, int ch) { return r * D + ((ch ^ (r & 7)) << 3); }
+// Byte offset of 16-byte chunk `ch` of row `r` in a tile with D bf16 columns (D >= 64).
+template <int D> __device__ __forceinline__ unsigned fa_swz(int r, int ch) { return r * D * 2 + ((ch ^ (r & 7)) << 4); }
 
-template <int D>
+// bq_log2: log2 of the block's queries (ROWS / hpb, at least 16).
+template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, int t,
-                                           int q_heads, int kv_heads, int start, int window, float scale_log2) {
-    constexpr int CH = D / 8;  // 16-byte chunks per row
+                                           int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2) {
+    constexpr int CH = D / 8, ROWS = 16 * WARPS, THREADS = 32 * WARPS;
+    // Copies: thread tid moves chunk tid % CH of rows tid / CH + i * RSTEP; RSTEP is a multiple
+    // of 8, so all its rows share one swizzle.
+    constexpr int RSTEP = THREADS / CH;
+    static_assert(RSTEP % 8 == 0, "a thread's copy rows must share their swizzle");
     extern __shared__ __align__(16) bf16 fa_sh[];
-    bf16 *sq = fa_sh, *sk = fa_sh + FA_BM * D, *sv = sk + FA_BN * D;
+    // Shared addresses as 32-bit offsets (ldmatrix and cp.async take them), so that every
+    // ldmatrix below is a per-lane base plus an immediate.
+    const unsigned sq = smem_addr(fa_sh), sk = sq + ROWS * D * 2, sv = sk + FA_BN * D * 2;
+    const int bq = 1 << bq_log2;
     // Longest (latest) query tiles first: they have the most keys.
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, h = blockIdx.y, kvh = h / (q_heads / kv_heads);
+    int q0 = (gridDim.x - 1 - blockIdx.x) * bq, h0 = blockIdx.y * (ROWS / bq), kvh = h0 / (q_heads / kv_heads);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c2 = (lane & 3) * 2;
+    const int cr = tid / CH, cc = tid % CH;  // this thread's first copy row and its chunk
+    const unsigned cdst = fa_swz<D>(cr, cc);
     long long kv_row = (long long)kv_heads * D;
 
-    for (int c = tid; c < FA_BM * CH; c += 128) {
-        int r = c / CH, ch = c % CH;
-        bool ok = q0 + r < t;
-        cp_async16(smem_addr(sq + fa_swz<D>(r, ch)), q + (ok ? ((long long)(q0 + r) * q_heads + h) * D + ch * 8 : 0), ok);
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; i++) {
+        int r = cr + i * RSTEP, tok = q0 + (r & (bq - 1));
+        bool ok = tok < t;
+        cp_async16(sq + cdst + i * RSTEP * D * 2, q + (ok ? ((long long)tok * q_heads + h0 + (r >> bq_log2)) * D + cc * 8 : 0), ok);
     }
     // Key positions this block can see.
-    int hi = start + min(q0 + FA_BM, t) - 1;
+    int hi = start + min(q0 + bq, t) - 1;
     int lo = window > 0 ? max(0, start + q0 - window + 1) : 0;
-    auto load_kv = [&](bf16* dst, const bf16* cur, const bf16* cache, int p0) {
-        for (int c = tid; c < FA_BN * CH; c += 128) {
-            int r = c / CH, ch = c % CH, p = p0 + r;
+    auto load_kv = [&](unsigned dst, const bf16* cur, const bf16* cache, int p0) {
+        dst += cdst;
+        if (p0 >= start && p0 + FA_BN - 1 <= hi) {  // the whole tile from this call's rows
+            const bf16* src = cur + (p0 - start + cr) * kv_row + kvh * D + cc * 8;
+#pragma unroll
+            for (int i = 0; i < FA_BN / RSTEP; i++) cp_async16(dst + i * RSTEP * D * 2, src + i * RSTEP * kv_row, true);
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < FA_BN / RSTEP; i++) {
+            int p = p0 + cr + i * RSTEP;
             const bf16* src = cur;
             bool ok = p <= hi;
             if (ok) src = p >= start ? cur + (p - start) * kv_row : cache + (long long)(window > 0 ? p % window : p) * kv_row;
-            cp_async16(smem_addr(dst + fa_swz<D>(r, ch)), src + (ok ? kvh * D + ch * 8 : 0), ok);
+            cp_async16(dst + i * RSTEP * D * 2, src + (ok ? kvh * D + cc * 8 : 0), ok);
         }
     };
     int p0 = lo / FA_BN * FA_BN;
     load_kv(sk, k, kc, p0);
     cp_async_commit();
 
+    // ldmatrix row addresses. Row r's chunk c sits at chunk c ^ (r & 7), and every row a lane
+    // addresses has r & 7 == lane & 7, so chunk 2 * ks + b (b: 0 or 1 by lane) lands at
+    // 8 * (ks / 4) + ((2 * (ks % 4) + b) ^ (lane & 7)): a per-lane offset for each ks % 4 plus an
+    // immediate. Q (A operand) rows warp * 16 + lane % 16, chunk b = lane / 16; K (B operand of
+    // Q K^T) rows lane % 8 + 8 * (lane / 16), b = lane / 8 % 2; V (transposed B operand of P V)
+    // rows lane % 8 + 8 * (lane / 8 % 2), b = lane / 16.
+    unsigned qa[4], kb[4], vb[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        qa[j] = sq + (warp * 16 + (lane & 15)) * D * 2 + (((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
+        kb[j] = sk + ((lane & 7) + ((lane >> 4) << 3)) * D * 2 + (((2 * j + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
+        vb[j] = sv + ((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2 + (((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
+    }
+
     float o[D / 8][4];
     for (int j = 0; j < D / 8; j++)
         for (int x = 0; x < 4; x++) o[j][x] = 0.0f;
     const float neg_inf = __int_as_float(0xff800000);
     float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
-    int qpos[2] = {start + q0 + warp * 16 + g, start + q0 + warp * 16 + g + 8};
+    // This warp's 16 rows: one head, queries qw .. qw + 15.
+    int hw = h0 + ((warp * 16) >> bq_log2), qw = q0 + ((warp * 16) & (bq - 1));
+    int qpos[2] = {start + qw + g, start + qw + g + 8};
 
     for (; p0 <= hi; p0 += FA_BN) {
         cp_async_wait<0>();
         __syncthreads();  // K (and Q) in; every warp is done with the previous V
         load_kv(sv, v, vc, p0);
         cp_async_commit();
-
+        // A tile none of this warp's queries sees (beyond its diagonal, or behind its window)
+        // changes nothing: skip its arithmetic.
+        bool live = p0 <= start + qw + 15 && (window == 0 || p0 + FA_BN - 1 > start + qw - window);
         float s[FA_BN / 8][4];
-        for (int j = 0; j < FA_BN / 8; j++)
-            for (int x = 0; x < 4; x++) s[j][x] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            unsigned a[4];
-            ldsm_x4(a, smem_addr(sq + fa_swz<D>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4))));
-#pragma unroll
-            for (int nb = 0; nb < FA_BN / 16; nb++) {
-                unsigned b[4];
-                ldsm_x4(b, smem_addr(sk + fa_swz<D>(nb * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1))));
-                mma_bf16(s[2 * nb], a, b[0], b[1]);
-                mma_bf16(s[2 * nb + 1], a, b[2], b[3]);
-            }
-        }
-        // Mask (not needed when every key of the tile is visible to every query of the block),
-        // scale, online softmax per row (rows g and g + 8 of this warp; 4 lanes per row).
-        bool interior = p0 + FA_BN - 1 <= start + q0 && (window == 0 || p0 > start + q0 + FA_BM - 1 - window);
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = neg_inf;
-#pragma unroll
+        if (live) {
             for (int j = 0; j < FA_BN / 8; j++)
+                for (int x = 0; x < 4; x++) s[j][x] = 0.0f;
 #pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    float val = s[j][2 * hr + x] * scale_log2;
-                    if (!interior) {
-                        int p = p0 + j * 8 + c2 + x;
-                        if (p > qpos[hr] || (window > 0 && p <= qpos[hr] - window)) val = neg_inf;
+            for (int ks = 0; ks < D / 16; ks++) {
+                unsigned a[4];
+                ldsm_x4(a, qa[ks & 3] + (ks >> 2) * 128);
+#pragma unroll
+                for (int nb = 0; nb < FA_BN / 16; nb++) {
+                    unsigned b[4];
+                    ldsm_x4(b, kb[ks & 3] + nb * 16 * D * 2 + (ks >> 2) * 128);
+                    mma_bf16(s[2 * nb], a, b[0], b[1]);
+                    mma_bf16(s[2 * nb + 1], a, b[2], b[3]);
+                }
+            }
+            // Mask (not needed when every key of the tile is visible to every query of the warp),
+            // online softmax per row (rows g and g + 8 of this warp; 4 lanes per row) on the raw
+            // scores: the scale is positive, so it is folded into the exponent.
+            bool interior = p0 + FA_BN - 1 <= start + qw && (window == 0 || p0 > start + qw + 15 - window);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                float mx = neg_inf;
+#pragma unroll
+                for (int j = 0; j < FA_BN / 8; j++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        float val = s[j][2 * hr + x];
+                        if (!interior) {
+                            int p = p0 + j * 8 + c2 + x;
+                            if (p > qpos[hr] || (window > 0 && p <= qpos[hr] - window)) val = neg_inf;
+                        }
+                        s[j][2 * hr + x] = val;
+                        mx = fmaxf(mx, val);
                     }
-                    s[j][2 * hr + x] = val;
-                    mx = fmaxf(mx, val);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mn = fmaxf(m[hr], mx);
-            float base = mn == neg_inf ? 0.0f : mn;  // a row with nothing visible yet stays at zero
-            float corr = exp2f(m[hr] - base);
-            m[hr] = mn;
-            l[hr] *= corr;
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mn = fmaxf(m[hr], mx);
+                // A row with nothing visible yet stays at zero.
+                float base = mn == neg_inf ? 0.0f : mn * scale_log2;
+                float corr = exp2f(m[hr] * scale_log2 - base);
+                m[hr] = mn;
+                l[hr] *= corr;
 #pragma unroll
-            for (int j = 0; j < D / 8; j++) {
-                o[j][2 * hr] *= corr;
-                o[j][2 * hr + 1] *= corr;
+                for (int j = 0; j < D / 8; j++) {
+                    o[j][2 * hr] *= corr;
+                    o[j][2 * hr + 1] *= corr;
+                }
+#pragma unroll
+                for (int j = 0; j < FA_BN / 8; j++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        float e = exp2f(fmaf(s[j][2 * hr + x], scale_log2, -base));
+                        s[j][2 * hr + x] = e;
+                        l[hr] += e;
+                    }
             }
-#pragma unroll
-            for (int j = 0; j < FA_BN / 8; j++)
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    float e = exp2f(s[j][2 * hr + x] - base);
-                    s[j][2 * hr + x] = e;
-                    l[hr] += e;
-                }
         }
         cp_async_wait<0>();
         __syncthreads();  // V in; every warp is done with K
         if (p0 + FA_BN <= hi) load_kv(sk, k, kc, p0 + FA_BN);
         cp_async_commit();
+        if (!live) continue;
         // O += P V: the score accumulators are already the A fragments of the next product.
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; kk++) {
@@ -125,7 +169,7 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
 #pragma unroll
             for (int db = 0; db < D / 16; db++) {
                 unsigned b[4];
-                ldsm_x4_trans(b, smem_addr(sv + fa_swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), db * 2 + (lane >> 4))));
+                ldsm_x4_trans(b, vb[db & 3] + kk * 16 * D * 2 + (db >> 2) * 128);
                 mma_bf16(o[2 * db], a, b[0], b[1]);
                 mma_bf16(o[2 * db + 1], a, b[2], b[3]);
             }
@@ -137,22 +181,24 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
         float sum = l[hr];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        int tok = q0 + warp * 16 + g + 8 * hr;
+        int tok = qw + g + 8 * hr;
         if (tok >= t) continue;
         float inv = 1.0f / sum;
-        unsigned* dst = (unsigned*)(out + ((long long)tok * q_heads + h) * D + c2);
+        unsigned* dst = (unsigned*)(out + ((long long)tok * q_heads + hw) * D + c2);
 #pragma unroll
         for (int j = 0; j < D / 8; j++) dst[j * 4] = pack_bf16(o[j][2 * hr] * inv, o[j][2 * hr + 1] * inv);
     }
 }
 
-// Grid: (ceil(t / 64), q_heads), 128 threads, (64 + 2 * 64) * D bf16 of dynamic shared memory.
-#define FA_KERNEL(D)                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) flash_attn_d##D(bf16* out, const bf16* q, const bf16* k, const bf16* v, \
-                                                                      const bf16* kc, const bf16* vc, int t, int q_heads,      \
-                                                                      int kv_heads, int start, int window, float scale_log2) {  \
-        flash_attn<D>(out, q, k, v, kc, vc, t, q_heads, kv_heads, start, window, scale_log2);                                  \
+// Grid: (ceil(t / bq), q_heads / hpb) with bq = 16 * WARPS / hpb = 1 << bq_log2; 32 * WARPS
+// threads, (16 * WARPS + 2 * 64) * D bf16 of dynamic shared memory.
+#define FA_KERNEL(D, WARPS)                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) flash_attn_d##D(bf16* out, const bf16* q, const bf16* k, const bf16* v, \
+                                                                             const bf16* kc, const bf16* vc, int t, int q_heads,      \
+                                                                             int kv_heads, int start, int window, float scale_log2,   \
+                                                                             int bq_log2) {                                           \
+        flash_attn<D, WARPS>(out, q, k, v, kc, vc, t, q_heads, kv_heads, start, window, scale_log2, bq_log2);                      \
     }
-FA_KERNEL(64)
-FA_KERNEL(128)
-FA_KERNEL(256)
+FA_KERNEL(64, 4)
+FA_KERNEL(128, 4)
+FA_KERNEL(256, 8)

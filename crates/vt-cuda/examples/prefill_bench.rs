@@ -5,7 +5,8 @@
 //! torch on the same routing, then prints the joint table.
 //!
 //! usage: prefill_bench OUT_DIR   (VT_BENCH_WARMUP, VT_BENCH_ITERS: runs per case, default 3 and
-//! 20; `VT_BENCH_WARMUP=0 VT_BENCH_ITERS=1` runs each op once, for a profiler)
+//! 20; `VT_BENCH_WARMUP=0 VT_BENCH_ITERS=1` runs each op once, for a profiler; `VT_BENCH_CASES`:
+//! a comma-separated subset of `linear,moe,attention,gdn`, default all)
 
 use std::io::Write;
 
@@ -19,6 +20,11 @@ use vt_cuda::CudaBackend;
 fn runs() -> (usize, usize) {
     let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     (var("VT_BENCH_WARMUP", 3), var("VT_BENCH_ITERS", 20))
+}
+
+/// Whether the case kind `kind` is among `VT_BENCH_CASES` (all when unset).
+fn wanted(kind: &str) -> bool {
+    std::env::var("VT_BENCH_CASES").map_or(true, |v| v.split(',').any(|c| c.trim() == kind))
 }
 
 /// A pool of random bf16 values (uniform in [-1, 1)); weights are windows of it, scaled.
@@ -234,24 +240,32 @@ fn main() -> Result<()> {
     let mut lines = Vec::new();
     // A failing case is reported and the rest still run (unless it broke the context).
     let mut cases = Vec::new();
-    for (n, k) in [(8192, 2048), (12352, 2048), (2048, 8192)] {
+    for (n, k) in [(8192, 2048), (12352, 2048), (2048, 8192)].into_iter().filter(|_| wanted("linear")) {
         match nvfp4_linear(&b, &pool, 4096, n, k) {
             Ok(rows) => cases.extend(rows.map(Ok)),
             Err(e) => cases.push(Err(e)),
         }
     }
-    let (moe16, moe4) = (moe(&b, &pool, &out, false), moe(&b, &pool, &out, true));
-    if let (Ok(m16), Ok(m4)) = (&moe16, &moe4) {
-        eprintln!(
-            "nvfp4 MoE prefill {:.3} ms ({:.0} TFLOP/s, {:.2} of the bf16 GEMM rate), bf16 grouped {:.3} ms: nvfp4 / bf16 time {:.2}",
-            m4.ms,
-            m4.flops / (m4.ms as f64 * 1e9),
-            m4.flops / (m4.ms as f64 * 1e-3) / r.gemm,
-            m16.ms,
-            m4.ms / m16.ms
-        );
+    if wanted("moe") {
+        let (moe16, moe4) = (moe(&b, &pool, &out, false), moe(&b, &pool, &out, true));
+        if let (Ok(m16), Ok(m4)) = (&moe16, &moe4) {
+            eprintln!(
+                "nvfp4 MoE prefill {:.3} ms ({:.0} TFLOP/s, {:.2} of the bf16 GEMM rate), bf16 grouped {:.3} ms: nvfp4 / bf16 time {:.2}",
+                m4.ms,
+                m4.flops / (m4.ms as f64 * 1e9),
+                m4.flops / (m4.ms as f64 * 1e-3) / r.gemm,
+                m16.ms,
+                m4.ms / m16.ms
+            );
+        }
+        cases.extend([moe16, moe4]);
     }
-    cases.extend([moe16, moe4, attention(&b, &pool, 4096), attention(&b, &pool, 8192), gdn(&b, &pool)]);
+    if wanted("attention") {
+        cases.extend([attention(&b, &pool, 4096), attention(&b, &pool, 8192)]);
+    }
+    if wanted("gdn") {
+        cases.push(gdn(&b, &pool));
+    }
     for row in cases {
         match row {
             Ok(row) => {

@@ -10,8 +10,27 @@ use crate::backend::launched;
 use crate::kernels::allow_shared;
 use crate::CudaBackend;
 
-/// Queries per block (`FA_BM`); shared memory is Q plus one K and one V tile of 64 rows.
-const QUERIES: usize = 64;
+/// Warps per block for a head dimension (`FA_KERNEL` in flash_attn.cu); each holds 16 query rows.
+fn warps(head_dim: usize) -> usize {
+    if head_dim == 256 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Keys per shared-memory tile (`FA_BN`).
+const KEYS: usize = 64;
+
+/// Heads of one KV group a block takes: the largest power of two dividing the group that leaves
+/// each warp's 16 rows inside one head.
+fn heads_per_block(group: usize, warps: usize) -> usize {
+    let mut h = 1;
+    while h * 2 <= warps && group.is_multiple_of(h * 2) {
+        h *= 2;
+    }
+    h
+}
 
 pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
     t > 1 && matches!(head_dim, 64 | 128 | 256)
@@ -46,9 +65,14 @@ pub(crate) fn launch(
         128 => (&b.k().flash_attn_d128, "flash_attn_d128"),
         _ => (&b.k().flash_attn_d256, "flash_attn_d256"),
     };
-    let shared = 3 * QUERIES * head_dim * 2;
+    let warps = warps(head_dim);
+    let rows = 16 * warps;
+    let hpb = heads_per_block((q_heads / kv_heads) as usize, warps);
+    let queries = rows / hpb;
+    let shared = (rows + 2 * KEYS) * head_dim * 2;
     allow_shared(f, shared, name)?;
     let scale_log2 = scale * std::f32::consts::LOG2_E;
+    let bq_log2 = queries.trailing_zeros() as i32;
     let mut l = b.stream().launch_builder(f);
     l.arg(&p.out)
         .arg(&p.q)
@@ -61,16 +85,34 @@ pub(crate) fn launch(
         .arg(&kv_heads)
         .arg(&start)
         .arg(&window)
-        .arg(&scale_log2);
+        .arg(&scale_log2)
+        .arg(&bq_log2);
     let cfg = LaunchConfig {
-        grid_dim: ((t as usize).div_ceil(QUERIES) as u32, q_heads as u32, 1),
-        block_dim: (128, 1, 1),
+        grid_dim: ((t as usize).div_ceil(queries) as u32, (q_heads as usize / hpb) as u32, 1),
+        block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     // SAFETY: flash_attn_d{D}(bf16* out, const bf16* q, k, v, const bf16* kc, const bf16* vc,
-    // int t, int q_heads, int kv_heads, int start, int window, float scale_log2) with D =
-    // head_dim: one block per 64 queries and head, 3 * 64 * D bf16 of shared memory (allowed
-    // above); out/q hold t * q_heads * D values, k/v t * kv_heads * D, and the cache every
-    // position before `start` a query can see (kv.rs reserved it); q_heads % kv_heads == 0.
+    // int t, int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2)
+    // with D = head_dim and WARPS = warps(D): one block per 2^bq_log2 = 16 * WARPS / hpb queries
+    // and hpb heads of one group (hpb divides q_heads / kv_heads), (16 * WARPS + 2 * 64) * D bf16
+    // of shared memory (allowed above); out/q hold t * q_heads * D values, k/v t * kv_heads * D,
+    // and the cache every position before `start` a query can see (kv.rs reserved it);
+    // q_heads % kv_heads == 0.
     launched(unsafe { l.launch(cfg) }, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_block;
+
+    #[test]
+    fn a_block_takes_whole_warps_of_one_head() {
+        assert_eq!(heads_per_block(8, 8), 8);
+        assert_eq!(heads_per_block(8, 4), 4);
+        assert_eq!(heads_per_block(6, 8), 2);
+        assert_eq!(heads_per_block(1, 8), 1);
+        assert_eq!(heads_per_block(16, 8), 8);
+        assert_eq!(heads_per_block(3, 4), 1);
+    }
 }
