@@ -1,6 +1,7 @@
 // The routed-experts block for many tokens (prefill), all on the device with no host sync:
 //   1. moe_prefill_route: top-k from f32 router logits (one warp per token), counts per expert;
-//   2. moe_prefill_plan: per-expert offsets and the list of 64-row tiles (expert, first row);
+//   2. moe_prefill_plan: per-expert offsets and the list of row tiles (expert, first row): 64
+//      rows for the bf16 GEMMs below, 128 for the NVFP4 ones (w4a16.cu);
 //   3. moe_prefill_scatter: every (token, choice) slot gets a row in expert-sorted order;
 //   4. moe_gemm_gate_up / moe_gemm_down: grouped bf16 tensor-core GEMMs over the layer's expert
 //      table (moe.rs: gate, up, down of expert e at 3e, 3e + 1, 3e + 2), SwiGLU fused into the
@@ -10,10 +11,12 @@
 // depends only on its own inputs, so the output is deterministic.
 
 #define MP_MAX_PER_LANE 16  // experts per lane in routing: n_exp <= 512
-#define MP_BM 64            // slots per GEMM tile
+#define MP_BM 64            // slots per GEMM tile (the NVFP4 kernels take 128: w4a16.cu)
+#define MP_THREADS 128      // GEMM block: 2 x 2 warps of 32 x 64
 #define MP_BN 128           // weight rows per GEMM tile
-#define MP_BK 32            // inputs per pipeline stage
-#define MP_STAGES 4         // 4 * (64 + 128) * 32 bf16 = 48 KiB of dynamic shared memory
+#define MP_BK 64            // inputs per pipeline stage
+#define MP_STAGES 3         // 3 * (64 + 128) * 64 bf16 = 72 KiB of dynamic shared memory
+#define MP_CPR (MP_BK / 8)  // 16-byte chunks per tile row
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -91,26 +94,52 @@ extern "C" __global__ void moe_prefill_route(int* ids, float* weights, int* coun
     }
 }
 
-// One block (any size). offsets[e] = first sorted row of expert e; tiles[2i], tiles[2i + 1] =
-// expert and first row of tile i (MP_BM rows each, the last of an expert partial); *n_tiles.
-extern "C" __global__ void moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int n_exp) {
-    __shared__ int first[32 * MP_MAX_PER_LANE];
-    if (threadIdx.x == 0) {
-        int off = 0, nt = 0;
-        for (int e = 0; e < n_exp; e++) {
-            offsets[e] = off;
-            first[e] = nt;
-            off += counts[e];
-            nt += (counts[e] + MP_BM - 1) / MP_BM;
+// One block of 256 threads (thread i owns experts 2i, 2i + 1; n_exp <= 512). offsets[e] = first
+// sorted row of expert e; tiles[2i], tiles[2i + 1] = expert and first row of tile i (tile_rows
+// rows each, the last of an expert partial); *n_tiles. Rows and tiles are laid out in ascending
+// expert order by a block-wide exclusive scan.
+extern "C" __global__ void moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int n_exp, int tile_rows) {
+    __shared__ int warp_rows[8], warp_tiles[8];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int c[2], rows = 0, nt = 0;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int e = 2 * tid + j;
+        c[j] = e < n_exp ? counts[e] : 0;
+        rows += c[j];
+        nt += (c[j] + tile_rows - 1) / tile_rows;
+    }
+    int rows_inc = rows, tiles_inc = nt;  // inclusive scans over the warp's lanes
+    for (int o = 1; o < 32; o <<= 1) {
+        int r = __shfl_up_sync(0xffffffffu, rows_inc, o), t = __shfl_up_sync(0xffffffffu, tiles_inc, o);
+        if (lane >= o) {
+            rows_inc += r;
+            tiles_inc += t;
         }
-        *n_tiles = nt;
+    }
+    if (lane == 31) {
+        warp_rows[warp] = rows_inc;
+        warp_tiles[warp] = tiles_inc;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
-        for (int j = 0; j * MP_BM < counts[e]; j++) {
-            tiles[2 * (first[e] + j)] = e;
-            tiles[2 * (first[e] + j) + 1] = offsets[e] + j * MP_BM;
+    for (int w = 0; w < warp; w++) {
+        rows_inc += warp_rows[w];
+        tiles_inc += warp_tiles[w];
+    }
+    if (tid == 255) *n_tiles = tiles_inc;
+    int off = rows_inc - rows, first = tiles_inc - nt;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int e = 2 * tid + j;
+        if (e >= n_exp) break;
+        offsets[e] = off;
+        for (int i = 0; i * tile_rows < c[j]; i++) {
+            tiles[2 * (first + i)] = e;
+            tiles[2 * (first + i) + 1] = off + i * tile_rows;
         }
+        off += c[j];
+        first += (c[j] + tile_rows - 1) / tile_rows;
+    }
 }
 
 // Slot s (token s / top_k) gets sorted row pos in its expert's range; fill[] starts at zero.
@@ -123,18 +152,23 @@ extern "C" __global__ void moe_prefill_scatter(int* sorted_tok, int* slot_pos, i
     slot_pos[s] = pos;
 }
 
-// Shared-memory offset (in bf16) of 16-byte chunk `ch` of row `r` in a [rows][MP_BK] tile; the
-// XOR spreads the 8 rows one ldmatrix reads over all banks.
-__device__ __forceinline__ int mp_swz(int r, int ch) { return r * MP_BK + ((ch ^ ((r >> 1) & 3)) << 3); }
+// XOR key of tile row r: consecutive 8 * 16 bytes of the rows one ldmatrix reads (8 rows of 16
+// bytes at one column) then cover all banks. Rows 8 apart share it.
+__device__ __forceinline__ int mp_key(int r) { return (r / (8 / MP_CPR)) % MP_CPR; }
+
+// Shared-memory byte offset of 16-byte chunk `ch` of row `r` in a [rows][MP_BK] tile.
+__device__ __forceinline__ unsigned mp_swz(int r, int ch) { return r * MP_BK * 2 + ((ch ^ mp_key(r)) << 4); }
 
 // C = A W^T over one tile of MP_BM sorted rows (all of one expert) and MP_BN weight rows.
 // GATE_UP: A rows are token rows of `a` gathered through a_rows, and W is [2 * inter, k] with
 // rows 2u, 2u + 1 the expert's gate and up row u; otherwise A rows are consecutive and W is the
-// expert's down projection. 128 threads: 2 x 2 warps of 32 x 64. k % 8 == 0.
+// expert's down projection. MP_THREADS threads: 2 x 2 warps of 32 x 64. k % 8 == 0.
 // Hands the accumulators (warp tile [mi][nj][4]) and the tile's geometry to `epilogue`.
 template <bool GATE_UP, typename Epi>
 __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, const WeightDesc* table, const int* tiles,
                                              const int* n_tiles, const int* counts, const int* offsets, int n, int k, Epi epilogue) {
+    constexpr unsigned A_STAGE = MP_BM * MP_BK * 2, B_STAGE = MP_BN * MP_BK * 2;  // bytes
+    constexpr int RSTEP = MP_THREADS / MP_CPR;  // rows one pass of the block's copies covers
     extern __shared__ __align__(16) bf16 mp_sh[];
     int tile = blockIdx.y;
     if (tile >= *n_tiles) return;
@@ -143,60 +177,74 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
     const WeightDesc* w = table + 3 * e;
     int n0 = blockIdx.x * MP_BN;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
-    bf16* sa = mp_sh;
-    bf16* sb = mp_sh + MP_STAGES * MP_BM * MP_BK;
+    // 32-bit shared addresses (what cp.async and ldmatrix take).
+    const unsigned sa = smem_addr(mp_sh), sb = sa + MP_STAGES * A_STAGE;
 
-    // This thread's copies: 2 A chunks and 4 B chunks of 16 bytes per stage, from fixed rows.
-    const bf16* a_src[2];
-    bool a_ok[2];
-    for (int i = 0; i < 2; i++) {
-        int r = (tid + 128 * i) >> 2;
+    // This thread's copies: chunk tid % MP_CPR of rows tid / MP_CPR + RSTEP i, which share one
+    // swizzle (RSTEP is a multiple of 8).
+    const int ch = tid % MP_CPR, r0 = tid / MP_CPR;
+    const unsigned cdst = mp_swz(r0, ch);
+    const bf16* a_src[MP_BM / RSTEP];
+    bool a_ok[MP_BM / RSTEP];
+#pragma unroll
+    for (int i = 0; i < MP_BM / RSTEP; i++) {
+        int r = r0 + RSTEP * i;
         a_ok[i] = r < rows;
         long long src_row = a_ok[i] ? (GATE_UP ? a_rows[row0 + r] : row0 + r) : 0;
-        a_src[i] = a + src_row * k;
+        a_src[i] = a + src_row * k + ch * 8;
     }
-    const bf16* b_src[4];
-    bool b_ok[4];
-    for (int i = 0; i < 4; i++) {
-        int wr = n0 + ((tid + 128 * i) >> 2);
+    const bf16* b_src[MP_BN / RSTEP];
+    bool b_ok[MP_BN / RSTEP];
+#pragma unroll
+    for (int i = 0; i < MP_BN / RSTEP; i++) {
+        int wr = n0 + r0 + RSTEP * i;
         b_ok[i] = wr < n;
         const WeightDesc& d = GATE_UP ? w[wr & 1] : w[2];
-        b_src[i] = (const bf16*)d.data + (b_ok[i] ? (long long)(GATE_UP ? wr >> 1 : wr) * k : 0);
+        b_src[i] = (const bf16*)d.data + (b_ok[i] ? (long long)(GATE_UP ? wr >> 1 : wr) * k + ch * 8 : 0);
     }
     auto load = [&](int stage, int kt) {
         int k0 = kt * MP_BK;
-        for (int i = 0; i < 2; i++) {
-            int c = tid + 128 * i, r = c >> 2, ch = c & 3, col = k0 + ch * 8;
-            cp_async16(smem_addr(sa + stage * MP_BM * MP_BK + mp_swz(r, ch)), a_src[i] + col, a_ok[i] && col < k);
-        }
-        for (int i = 0; i < 4; i++) {
-            int c = tid + 128 * i, r = c >> 2, ch = c & 3, col = k0 + ch * 8;
-            bool ok = b_ok[i] && col < k;
-            cp_async16(smem_addr(sb + stage * MP_BN * MP_BK + mp_swz(r, ch)), b_src[i] + (ok ? col : 0), ok);
+        bool in_k = k0 + ch * 8 < k;
+#pragma unroll
+        for (int i = 0; i < MP_BM / RSTEP; i++)
+            cp_async16(sa + stage * A_STAGE + cdst + i * RSTEP * MP_BK * 2, a_src[i] + (in_k ? k0 : 0), a_ok[i] && in_k);
+#pragma unroll
+        for (int i = 0; i < MP_BN / RSTEP; i++) {
+            bool ok = b_ok[i] && in_k;
+            cp_async16(sb + stage * B_STAGE + cdst + i * RSTEP * MP_BK * 2, b_src[i] + (ok ? k0 : 0), ok);
         }
     };
+
+    // ldmatrix row addresses for the k-steps ks of a stage. Every row a lane addresses has the key
+    // of row lane % 8, so tiles mi / nb further are immediates. A: rows wm * 32 + lane % 16,
+    // chunk 2 ks + lane / 16; B: rows wn * 64 + lane % 8 + 8 (lane / 16), chunk 2 ks + lane / 8 % 2.
+    unsigned a_ld[MP_BK / 16], b_ld[MP_BK / 16];
+#pragma unroll
+    for (int ks = 0; ks < MP_BK / 16; ks++) {
+        int key = mp_key(lane & 7);
+        a_ld[ks] = sa + (wm * 32 + (lane & 15)) * MP_BK * 2 + (((2 * ks + (lane >> 4)) ^ key) << 4);
+        b_ld[ks] = sb + (wn * 64 + (lane & 7) + ((lane >> 4) << 3)) * MP_BK * 2 + (((2 * ks + ((lane >> 3) & 1)) ^ key) << 4);
+    }
 
     float acc[2][8][4];
     for (int mi = 0; mi < 2; mi++)
         for (int nj = 0; nj < 8; nj++)
             for (int x = 0; x < 4; x++) acc[mi][nj][x] = 0.0f;
 
+    // An expert's last tile is often short: 16-row slices past `rows` skip their products.
+    bool live[2] = {wm * 32 < rows, wm * 32 + 16 < rows};
     cp_async_pipeline<MP_STAGES>((k + MP_BK - 1) / MP_BK, load, [&](int stage) {
-        const bf16* ta = sa + stage * MP_BM * MP_BK;
-        const bf16* tb = sb + stage * MP_BN * MP_BK;
+        if (!live[0]) return;
 #pragma unroll
         for (int ks = 0; ks < MP_BK / 16; ks++) {
             unsigned af[2][4], bfr[8][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                int r = wm * 32 + mi * 16 + (lane & 15);
-                ldsm_x4(af[mi], smem_addr(ta + mp_swz(r, ks * 2 + (lane >> 4))));
-            }
+            for (int mi = 0; mi < 2; mi++)
+                if (live[mi]) ldsm_x4(af[mi], a_ld[ks] + stage * A_STAGE + mi * 16 * MP_BK * 2);
 #pragma unroll
             for (int nb = 0; nb < 4; nb++) {
-                int r = wn * 64 + nb * 16 + (lane & 7) + ((lane >> 4) << 3);
                 unsigned q[4];
-                ldsm_x4(q, smem_addr(tb + mp_swz(r, ks * 2 + ((lane >> 3) & 1))));
+                ldsm_x4(q, b_ld[ks] + stage * B_STAGE + nb * 16 * MP_BK * 2);
                 bfr[2 * nb][0] = q[0];
                 bfr[2 * nb][1] = q[1];
                 bfr[2 * nb + 1][0] = q[2];
@@ -204,8 +252,9 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
             }
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
+                if (live[mi])
 #pragma unroll
-                for (int nj = 0; nj < 8; nj++) mma_bf16(acc[mi][nj], af[mi], bfr[nj][0], bfr[nj][1]);
+                    for (int nj = 0; nj < 8; nj++) mma_bf16(acc[mi][nj], af[mi], bfr[nj][0], bfr[nj][1]);
         }
     });
 
@@ -223,17 +272,17 @@ __device__ __forceinline__ void grouped_gemm(const bf16* a, const int* a_rows, c
 
 // act[pos, u] = silu(gate_u . x) * (up_u . x) in bf16 for every sorted slot: gate row u and up row
 // u, as rows 2u, 2u + 1 of the tile, are adjacent columns of one thread's accumulators.
-// Grid: (ceil(2 * inter / MP_BN), max tiles), 128 threads, 48 KiB dynamic shared memory: the
+// Grid: (ceil(2 * inter / MP_BN), max tiles), MP_THREADS threads, 72 KiB dynamic shared memory: the
 // column tiles of one row tile run side by side, so its rows and its expert's weights are read
 // from L2 while they are hot.
-extern "C" __global__ void moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc* table, const int* tiles,
+extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc* table, const int* tiles,
                                             const int* n_tiles, const int* counts, const int* offsets, int inter, int hidden) {
     grouped_gemm<true>(x, sorted_tok, table, tiles, n_tiles, counts, offsets, 2 * inter, hidden,
                        [&](int pos, int col, float gate, float up) { act[(long long)pos * inter + col / 2] = f2bf(silu(gate) * up); });
 }
 
 // y[pos, :] = down(act[pos]) in f32. Grid: (ceil(hidden / MP_BN), max tiles), as above.
-extern "C" __global__ void moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
+extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
                                          const int* counts, const int* offsets, int inter, int hidden) {
     grouped_gemm<false>(act, nullptr, table, tiles, n_tiles, counts, offsets, hidden, inter, [&](int pos, int col, float v0, float v1) {
         *(float2*)(y + (long long)pos * hidden + col) = make_float2(v0, v1);

@@ -146,7 +146,12 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
 #pragma unroll
             for (int x = 0; x < 4; x++) acc[mi][j][x] = 0.0f;
 
+    // 16-row slices past `rows` (a short last tile) skip their products.
+    bool live[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) live[mi] = wm * 16 * MI + mi * 16 < rows;
     cp_async_pipeline<W4_STAGES>((k + W4_BK - 1) / W4_BK, load, [&](int stage) {
+        if (!live[0]) return;
         const bf16* ta = sa + stage * BM * W4_BK;
         const unsigned char* tb = sb + stage * W4_TILE_BYTES;
 #pragma unroll
@@ -163,12 +168,13 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++) {
                     int r = wm * 16 * MI + mi * 16 + (lane & 15);
-                    ldsm_x4(af[mi], smem_addr(ta + r * W4_BK + (((2 * s + (lane >> 4)) ^ (r & 7)) << 3)));
+                    if (live[mi]) ldsm_x4(af[mi], smem_addr(ta + r * W4_BK + (((2 * s + (lane >> 4)) ^ (r & 7)) << 3)));
                 }
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
+                    if (live[mi])
 #pragma unroll
-                    for (int j = 0; j < 4; j++) mma_bf16(acc[mi][j], af[mi], bfr[j][0], bfr[j][1]);
+                        for (int j = 0; j < 4; j++) mma_bf16(acc[mi][j], af[mi], bfr[j][0], bfr[j][1]);
             }
         }
     });
@@ -203,11 +209,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) w4a16_gemm(bf16* y, const b
         });
 }
 
-// ---- Grouped MoE prefill with NVFP4 experts: moe_prefill.cu's tiles (64 expert-sorted slots of
-// one expert each, MP_BM) over repacked copies of the expert table's weights (w4a16.rs
+// ---- Grouped MoE prefill with NVFP4 experts: moe_prefill.cu's tiles (128 expert-sorted slots
+// of one expert each, MP_BM) over repacked copies of the expert table's weights (w4a16.rs
 // `PackedExperts`): in `table`, entry 2e is expert e's gate and up packed as one [2 inter, hidden]
 // matrix (rows 2u, 2u + 1 = gate u, up u, multipliers global[0], global[1]) and 2e + 1 its down
 // [hidden, inter], each `data` its repacked tiles. ----
+
+#define W4_MOE_MI 4  // a MoE tile's 128 slots (MP_BM) as w4a16_tile's 32 MI rows
 
 // The tile of slots `blockIdx.y` (expert, first sorted row, row count); false for a spare block.
 __device__ __forceinline__ bool w4_moe_tile(const int* tiles, const int* n_tiles, const int* counts, const int* offsets, int& e, int& row0, int& rows) {
@@ -215,20 +223,20 @@ __device__ __forceinline__ bool w4_moe_tile(const int* tiles, const int* n_tiles
     if (tile >= *n_tiles) return false;
     e = tiles[2 * tile];
     row0 = tiles[2 * tile + 1];
-    rows = min(64, offsets[e] + counts[e] - row0);
+    rows = min(32 * W4_MOE_MI, offsets[e] + counts[e] - row0);
     return true;
 }
 
 // act[pos, u] = silu(gate_u . x) * (up_u . x) in bf16 for every sorted slot, the token rows of x
 // gathered through sorted_tok. Grid (ceil(2 inter / W4_BN), max tiles), 256 threads,
-// W4_STAGES * (64 * W4_BK * 2 + W4_TILE_BYTES) bytes of dynamic shared memory.
+// W4_STAGES * (128 * W4_BK * 2 + W4_TILE_BYTES) bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 2) moe_w4_gate_up(bf16* act, const bf16* x, const int* sorted_tok, const WeightDesc* table, const int* tiles,
                                                                     const int* n_tiles, const int* counts, const int* offsets, int inter, int hidden) {
     int e, row0, rows;
     if (!w4_moe_tile(tiles, n_tiles, counts, offsets, e, row0, rows)) return;
     WeightDesc w = table[2 * e];
     const unsigned char* wt = (const unsigned char*)w.data + (long long)blockIdx.x * ((hidden + W4_BK - 1) / W4_BK) * W4_TILE_BYTES;
-    w4a16_tile<2>(x, [&](int r) { return sorted_tok[row0 + r]; }, rows, wt, blockIdx.x * W4_BN, 2 * inter, hidden, [&](int r, int col, float gate, float up) {
+    w4a16_tile<W4_MOE_MI>(x, [&](int r) { return sorted_tok[row0 + r]; }, rows, wt, blockIdx.x * W4_BN, 2 * inter, hidden, [&](int r, int col, float gate, float up) {
         act[(long long)(row0 + r) * inter + col / 2] = f2bf(silu(gate * w.global[0]) * (up * w.global[1]));
     });
 }
@@ -240,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) moe_w4_down(float* y, const
     if (!w4_moe_tile(tiles, n_tiles, counts, offsets, e, row0, rows)) return;
     WeightDesc w = table[2 * e + 1];
     const unsigned char* wt = (const unsigned char*)w.data + (long long)blockIdx.x * ((inter + W4_BK - 1) / W4_BK) * W4_TILE_BYTES;
-    w4a16_tile<2>(act + (long long)row0 * inter, [](int r) { return r; }, rows, wt, blockIdx.x * W4_BN, hidden, inter, [&](int r, int col, float v0, float v1) {
+    w4a16_tile<W4_MOE_MI>(act + (long long)row0 * inter, [](int r) { return r; }, rows, wt, blockIdx.x * W4_BN, hidden, inter, [&](int r, int col, float v0, float v1) {
         float* o = y + (long long)(row0 + r) * hidden + col;
         o[0] = v0 * w.global[0];
         if (col + 1 < hidden) o[1] = v1 * w.global[0];

@@ -13,25 +13,25 @@ use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 
 use crate::alloc::driver_err;
-use crate::backend::{act, err, grid1, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::backend::{act, err, grid1, i32_of, launched, MAX_TOP_K};
 use crate::kernels::allow_shared;
 use crate::moe::{build_table, router_args};
 use crate::w4a16;
 use crate::weight::float_code;
 use crate::CudaBackend;
 
-/// `MP_BM`, `MP_BN`, `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 and `32 * MP_MAX_PER_LANE` of
-/// kernels/moe_prefill.cu.
+/// `MP_BM`, `MP_BN`, `MP_THREADS`, `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 and
+/// `32 * MP_MAX_PER_LANE` of kernels/moe_prefill.cu.
 const TILE_ROWS: usize = 64;
 const TILE_COLS: usize = 128;
-const GEMM_SHARED: usize = 4 * (64 + 128) * 32 * 2;
+const GEMM_THREADS: u32 = 128;
+const GEMM_SHARED: usize = 3 * (64 + 128) * 64 * 2;
 const MAX_EXPERTS: usize = 512;
-const _: () = assert!(GEMM_SHARED <= MAX_SHARED);
 
-/// Tiles of `TILE_ROWS` slots that any routing of `slots` over `n_exp` experts can need:
-/// sum(ceil(count_e / 64)) <= slots / 64 + n_exp. The GEMM grids' second dimension.
-fn tile_bound(slots: usize, n_exp: usize) -> usize {
-    slots / TILE_ROWS + n_exp
+/// Tiles of `rows` slots that any routing of `slots` over `n_exp` experts can need:
+/// sum(ceil(count_e / rows)) <= slots / rows + n_exp. The GEMM grids' second dimension.
+fn tile_bound(slots: usize, n_exp: usize, rows: usize) -> usize {
+    slots / rows + n_exp
 }
 
 fn is_bf16(w: &Weight<CudaBackend>) -> bool {
@@ -48,7 +48,7 @@ fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
 pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     x.rows() > 1
-        && tile_bound(x.rows() * router.kind.top_k(), n_exp) <= 65535
+        && tile_bound(x.rows() * router.kind.top_k(), n_exp, TILE_ROWS.min(w4a16::MOE_TILE_ROWS)) <= 65535
         && x.last_dim() == h
         && h % 8 == 0
         && inter % 8 == 0
@@ -78,13 +78,16 @@ pub(crate) fn moe(
     };
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
     // NVFP4 experts run the W4A16 kernels over the repacked copies, with the same arguments.
-    let (table, gate_up, down, threads, shared) = if is_nvfp4(&experts.experts[0].gate) {
+    let (table, gate_up, down, threads, shared, tile_rows) = if is_nvfp4(&experts.experts[0].gate) {
         let (gu, dn) = (&b.k().moe_w4_gate_up, &b.k().moe_w4_down);
         allow_shared(gu, w4a16::MOE_SHARED, "moe_w4_gate_up")?;
         allow_shared(dn, w4a16::MOE_SHARED, "moe_w4_down")?;
-        (table.packed(b, inter, h)?.descs(), gu, dn, 256, w4a16::MOE_SHARED)
+        (table.packed(b, inter, h)?.descs(), gu, dn, 256, w4a16::MOE_SHARED, w4a16::MOE_TILE_ROWS)
     } else {
-        (table.descs(), &b.k().moe_gemm_gate_up, &b.k().moe_gemm_down, 128, GEMM_SHARED)
+        let (gu, dn) = (&b.k().moe_gemm_gate_up, &b.k().moe_gemm_down);
+        allow_shared(gu, GEMM_SHARED, "moe_gemm_gate_up")?;
+        allow_shared(dn, GEMM_SHARED, "moe_gemm_down")?;
+        (table.descs(), gu, dn, GEMM_THREADS, GEMM_SHARED, TILE_ROWS)
     };
     let Weight::Dense(rw) = &router.weight.weight else { unreachable!("fits() checked a dense router") };
 
@@ -93,7 +96,7 @@ pub(crate) fn moe(
     // f32; all live until the stream has run the GEMM.
     unsafe { b.gemm().xwt(b.stream(), px, rw.buffer().ptr(), logits.ptr(), t, n_exp, h, cudaDataType_t::CUDA_R_32F)? };
 
-    let max_tiles = tile_bound(slots, n_exp);
+    let max_tiles = tile_bound(slots, n_exp, tile_rows);
     let (ids, weights) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
     let counts = b.buffer(2 * n_exp * 4)?; // counts, then the scatter's fill cursors
                                            // SAFETY: the block holds 2 * n_exp ints; stream-ordered before the kernels that count.
@@ -147,11 +150,14 @@ pub(crate) fn moe(
     launched(unsafe { l.launch(cfg) }, "moe_prefill_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_plan);
-    l.arg(&poff).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&ne);
+    let tile_rows_i = tile_rows as i32;
+    l.arg(&poff).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&ne).arg(&tile_rows_i);
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int
-    // n_exp): offsets n_exp ints; tiles holds 2 * max_tiles ints, and the tiles of any routing
-    // number sum(ceil(count_e / 64)) <= slots / 64 + n_exp = max_tiles.
+    // n_exp, int tile_rows): one block of the 256 threads it is written for, n_exp <= MAX_EXPERTS
+    // = 512 (fits), tile_rows the row count of the GEMM kernels launched below (64 or 128);
+    // offsets n_exp ints; tiles holds 2 * max_tiles ints, and the tiles of any routing number
+    // sum(ceil(count_e / tile_rows)) <= slots / tile_rows + n_exp = max_tiles.
     launched(unsafe { l.launch(cfg) }, "moe_prefill_plan")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_scatter);

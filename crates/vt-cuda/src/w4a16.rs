@@ -23,8 +23,9 @@ const TILE_BYTES: usize = TILE_N * TILE_K / 2 + TILE_N * TILE_K / 16;
 const STAGES: usize = 4;
 const ROWS: usize = 128;
 const GEMM_SHARED: usize = STAGES * (ROWS * TILE_K * 2 + TILE_BYTES);
-/// Shared memory of the grouped MoE kernels (64 slots per tile).
-pub(crate) const MOE_SHARED: usize = STAGES * (64 * TILE_K * 2 + TILE_BYTES);
+/// Slots per tile of the grouped MoE kernels (`32 * W4_MOE_MI`) and their shared memory.
+pub(crate) const MOE_TILE_ROWS: usize = 128;
+pub(crate) const MOE_SHARED: usize = STAGES * (MOE_TILE_ROWS * TILE_K * 2 + TILE_BYTES);
 
 /// An NVFP4 weight `[n, k]` in the tensor-core layout: `ceil(n / 128)` row tiles of
 /// `ceil(k / 64)` tiles of 4608 bytes, zero-padded.
