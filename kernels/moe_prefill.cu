@@ -290,37 +290,30 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_down(float* y,
 }
 
 // out[tok] = sum over its choices, in ascending expert order, of weight * y[slot_pos]. One block
-// per token, 4 features per thread (hidden % 4 == 0).
+// per token, 4 features per thread (hidden % 4 == 0). A token's experts are distinct, so choice
+// i's place in that order is the number of its experts below expert i.
 extern "C" __global__ void moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int* ids, const float* weights, int top_k, int hidden) {
-    __shared__ int order[32];
+    __shared__ long long row[32];  // y offset of each choice, in ascending expert order
+    __shared__ float wt[32];
     long long tok = blockIdx.x;
     const int* id = ids + tok * top_k;
-    if (threadIdx.x == 0) {
-        int prev = -1;
-        for (int n = 0; n < top_k; n++) {
-            int s = -1;
-            for (int i = 0; i < top_k; i++)
-                if (id[i] > prev && (s < 0 || id[i] < id[s])) s = i;
-            prev = id[s];
-            order[n] = s;
-        }
+    if (threadIdx.x < top_k) {
+        int i = threadIdx.x, rank = 0;
+        for (int j = 0; j < top_k; j++) rank += id[j] < id[i];
+        row[rank] = (long long)slot_pos[tok * top_k + i] * hidden;
+        wt[rank] = weights[tok * top_k + i];
     }
     __syncthreads();
     for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
         for (int n = 0; n < top_k; n++) {
-            int s = order[n];
-            float wt = weights[tok * top_k + s];
-            float4 v = *(const float4*)(y + (long long)slot_pos[tok * top_k + s] * hidden + c);
-            acc.x += wt * v.x;
-            acc.y += wt * v.y;
-            acc.z += wt * v.z;
-            acc.w += wt * v.w;
+            float4 v = *(const float4*)(y + row[n] + c);
+            acc.x += wt[n] * v.x;
+            acc.y += wt[n] * v.y;
+            acc.z += wt[n] * v.z;
+            acc.w += wt[n] * v.w;
         }
-        bf16* o = out + tok * hidden + c;
-        o[0] = f2bf(acc.x);
-        o[1] = f2bf(acc.y);
-        o[2] = f2bf(acc.z);
-        o[3] = f2bf(acc.w);
+        *(uint2*)(out + tok * hidden + c) = make_uint2(pack_bf16(acc.x, acc.y), pack_bf16(acc.z, acc.w));
     }
 }

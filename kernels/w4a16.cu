@@ -112,31 +112,41 @@ __device__ __forceinline__ void w4_decode(unsigned q, unsigned sa, unsigned sb, 
 template <int MI, typename ARow, typename Epi>
 __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, const unsigned char* wt, int n0, int n, int k, Epi epilogue) {
     constexpr int BM = 32 * MI;
+    constexpr unsigned A_STAGE = BM * W4_BK * 2;  // bytes
     extern __shared__ __align__(16) unsigned char w4_sh[];
-    bf16* sa = (bf16*)w4_sh;
-    unsigned char* sb = w4_sh + W4_STAGES * BM * W4_BK * 2;
+    unsigned char* sb = w4_sh + W4_STAGES * A_STAGE;
+    // 32-bit shared addresses for cp.async and ldmatrix.
+    const unsigned sa_u = smem_addr(w4_sh), sb_u = sa_u + W4_STAGES * A_STAGE;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
 
-    // This thread's copies per stage: MI chunks of A, one of codes, and for 32 threads one of scales.
+    // This thread's copies per stage: chunk tid % 8 of A rows tid / 8 + 32 i (which share one
+    // swizzle), one chunk of codes, and for 32 threads one of scales.
+    const int ch = tid & 7, r0 = tid >> 3;
+    const unsigned cdst = r0 * W4_BK * 2 + ((ch ^ (r0 & 7)) << 4);
     const bf16* a_src[MI];
     bool a_ok[MI];
 #pragma unroll
     for (int i = 0; i < MI; i++) {
-        int r = (tid + 256 * i) >> 3;
+        int r = r0 + 32 * i;
         a_ok[i] = r < rows;
-        a_src[i] = a + (a_ok[i] ? (long long)a_row(r) * k : 0);
+        a_src[i] = a + (a_ok[i] ? (long long)a_row(r) * k : 0) + 8 * ch;
     }
     auto load = [&](int stage, int kt) {
+        int k0 = kt * W4_BK;
+        bool in_k = k0 + 8 * ch < k;
 #pragma unroll
-        for (int i = 0; i < MI; i++) {
-            int c = tid + 256 * i, r = c >> 3, ch = c & 7, col = kt * W4_BK + 8 * ch;
-            cp_async16(smem_addr(sa + stage * BM * W4_BK + r * W4_BK + ((ch ^ (r & 7)) << 3)), a_src[i] + col, a_ok[i] && col < k);
-        }
+        for (int i = 0; i < MI; i++)
+            cp_async16(sa_u + stage * A_STAGE + cdst + i * 32 * W4_BK * 2, a_src[i] + (in_k ? k0 : 0), a_ok[i] && in_k);
         const unsigned char* src = wt + (long long)kt * W4_TILE_BYTES;
-        unsigned char* dst = sb + stage * W4_TILE_BYTES;
-        cp_async16(smem_addr(dst + 16 * tid), src + 16 * tid, true);
-        if (tid < W4_SCALE_BYTES / 16) cp_async16(smem_addr(dst + W4_CODE_BYTES + 16 * tid), src + W4_CODE_BYTES + 16 * tid, true);
+        unsigned dst = sb_u + stage * W4_TILE_BYTES;
+        cp_async16(dst + 16 * tid, src + 16 * tid, true);
+        if (tid < W4_SCALE_BYTES / 16) cp_async16(dst + W4_CODE_BYTES + 16 * tid, src + W4_CODE_BYTES + 16 * tid, true);
     };
+    // ldmatrix rows wm * 16 MI + 16 mi + lane % 16 (all with r & 7 = lane & 7), chunk 2 s + lane / 16
+    // of k-step s: a per-lane base for each s plus immediates.
+    unsigned a_ld[W4_BK / 16];
+#pragma unroll
+    for (int s = 0; s < W4_BK / 16; s++) a_ld[s] = sa_u + (wm * 16 * MI + (lane & 15)) * W4_BK * 2 + (((2 * s + (lane >> 4)) ^ (lane & 7)) << 4);
 
     float acc[MI][4][4];
 #pragma unroll
@@ -152,7 +162,6 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
     for (int mi = 0; mi < MI; mi++) live[mi] = wm * 16 * MI + mi * 16 < rows;
     cp_async_pipeline<W4_STAGES>((k + W4_BK - 1) / W4_BK, load, [&](int stage) {
         if (!live[0]) return;
-        const bf16* ta = sa + stage * BM * W4_BK;
         const unsigned char* tb = sb + stage * W4_TILE_BYTES;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -166,10 +175,8 @@ __device__ __forceinline__ void w4a16_tile(const bf16* a, ARow a_row, int rows, 
                 w4_decode(qw[2 * ss], sc[0], sc[1], bfr[0], bfr[1]);
                 w4_decode(qw[2 * ss + 1], sc[2], sc[3], bfr[2], bfr[3]);
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) {
-                    int r = wm * 16 * MI + mi * 16 + (lane & 15);
-                    if (live[mi]) ldsm_x4(af[mi], smem_addr(ta + r * W4_BK + (((2 * s + (lane >> 4)) ^ (r & 7)) << 3)));
-                }
+                for (int mi = 0; mi < MI; mi++)
+                    if (live[mi]) ldsm_x4(af[mi], a_ld[s] + stage * A_STAGE + mi * 16 * W4_BK * 2);
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
                     if (live[mi])

@@ -193,8 +193,9 @@ pub(crate) fn moe(
     l.arg(&pout).arg(&py).arg(&ppos).arg(&pids).arg(&pw).arg(&tk).arg(&hi);
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int*
-    // ids, const float* weights, int top_k, int hidden): one block per token, hidden % 4 == 0;
-    // every slot_pos < slots rows of y.
+    // ids, const float* weights, int top_k, int hidden): one block of 256 threads per token,
+    // top_k <= 32 (MAX_TOP_K), hidden % 4 == 0 (its 8-byte stores into out, a fresh allocation,
+    // stay aligned); every slot_pos < slots rows of y.
     launched(unsafe { l.launch(cfg) }, "moe_prefill_combine")?;
     Ok(out)
 }
