@@ -329,9 +329,10 @@ fn upload_experts<B: Backend>(b: &B, experts: &[[HostWeight; 3]], h: usize, inte
 #[test]
 fn moe_grouped_prefill() {
     let mut r = Rng(0x9a0e);
-    // Several tiles per expert; hidden and intermediate not multiples of the K steps (32 for bf16,
-    // 64 for NVFP4) or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples of 16).
-    let (t, n_exp) = (300, 16);
+    // Several row tiles per expert (64 slots for bf16, 128 for NVFP4: 130-175 slots an expert
+    // here) with short last tiles; hidden and intermediate not multiples of the 64-input K steps
+    // or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples of 16).
+    let (t, n_exp) = (700, 16);
     let kinds = [
         RouterKind::Softmax { top_k: 4, renormalize: true },
         RouterKind::Sigmoid { top_k: 3, softcap: Some(3.0), renormalize: false, routed_scaling: 2.5 },
