@@ -15,9 +15,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 OPTIONS = ["--gpu-architecture=sm_90", "--std=c++17", "-default-device"]
 
 
-def find_nvrtc():
-    if len(sys.argv) > 1:
-        return sys.argv[1]
+def find_nvrtc(explicit=None):
+    if explicit:
+        return explicit
     for base in sys.path:
         hits = sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "lib", "libnvrtc.so.*")))
         if hits:
@@ -25,31 +25,40 @@ def find_nvrtc():
     sys.exit("check_kernels: libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 
 
-def main():
-    path = find_nvrtc()
+def load_nvrtc(path):
     # NVRTC dlopens its builtins library by soname; load it first from the same folder.
     for builtins in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
         ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(path)
+    return ctypes.CDLL(path)
+
+
+def compile_kernel_file(lib, path, extra=()):
+    """Compiles kernels/<file>.cu as vt-cuda does (plus `extra` options); returns (status, log,
+    program). The caller destroys the program (nvrtcDestroyProgram) when done with it."""
     common = open(os.path.join(ROOT, "kernels", "common.cuh")).read()
+    src = (common + "\n" + open(path).read()).encode()
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(path).encode(), 0, None, None)
+    if rc != 0:
+        sys.exit(f"nvrtcCreateProgram({path}) = {rc}")
+    options = OPTIONS + list(extra)
+    opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    return rc, log.value.decode(errors="replace").strip(), prog
+
+
+def main():
+    lib = load_nvrtc(find_nvrtc(sys.argv[1] if len(sys.argv) > 1 else None))
     files = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
     if not files:
         sys.exit("check_kernels: no kernels/*.cu")
     failed = 0
     for path in files:
-        src = (common + "\n" + open(path).read()).encode()
-        prog = ctypes.c_void_p()
-        name = os.path.basename(path).encode()
-        rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, name, 0, None, None)
-        if rc != 0:
-            sys.exit(f"check_kernels: nvrtcCreateProgram({path}) = {rc}")
-        opts = (ctypes.c_char_p * len(OPTIONS))(*[o.encode() for o in OPTIONS])
-        rc = lib.nvrtcCompileProgram(prog, len(OPTIONS), opts)
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        text = log.value.decode(errors="replace").strip()
+        rc, text, prog = compile_kernel_file(lib, path)
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
         status = "ok" if rc == 0 else "FAILED"
         print(f"check_kernels: {os.path.relpath(path, ROOT)}: {status}")
