@@ -2,31 +2,64 @@
 //! starts. Each file is compiled as `common.cuh` + the file with the options below;
 //! tools/gpu/check_kernels.py compiles them the same way in CI, without a GPU.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use vt_core::{Error, Result};
 
 use crate::alloc::driver_err;
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
-fn compile(ctx: &Arc<CudaContext>, arch: &str, file: &str, src: &str) -> Result<Arc<CudaModule>> {
+/// PTX of every `(file, source)`, compiled for `arch` side by side (NVRTC is CPU work and the
+/// files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
+fn compile_all(arch: &str, sources: &[(&'static str, &'static str)]) -> Result<Vec<Ptx>> {
     // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`).
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
-        name: Some(file.into()),
-        ..Default::default()
+    let compile = |file: &str, src: &str| {
+        let opts = CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
+            name: Some(file.into()),
+            ..Default::default()
+        };
+        compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
+            .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
     };
-    let ptx = compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
-        .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))?;
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sources.len());
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<Ptx>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(file, src)) = sources.get(i) else { return mine };
+                        mine.push((i, compile(file, src)));
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, ptx)| ptx).collect()
+}
+
+fn load(ctx: &Arc<CudaContext>, file: &str, ptx: Ptx) -> Result<Arc<CudaModule>> {
     ctx.load_module(ptx).map_err(|e| driver_err(&format!("loading kernels/{file}"), e))
 }
 
 macro_rules! kernels {
     ($($file:literal => [$($name:ident),* $(,)?]),* $(,)?) => {
+        /// Each file's name and source.
+        const SOURCES: &[(&str, &str)] = &[$(($file, include_str!(concat!("../../../kernels/", $file)))),*];
+        /// The kernels each file of `SOURCES` defines.
+        #[cfg(test)]
+        const NAMES: &[&[&str]] = &[$(&[$(stringify!($name)),*]),*];
+
         /// Every kernel function, by its `extern "C"` name.
         pub struct Kernels {
             $($(pub $name: CudaFunction,)*)*
@@ -38,8 +71,10 @@ macro_rules! kernels {
             pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
                 let (major, minor) = ctx.compute_capability().map_err(|e| driver_err("compute capability", e))?;
                 let arch = format!("sm_{major}{minor}");
+                // One PTX per file, in the order of `SOURCES`.
+                let mut ptx = compile_all(&arch, SOURCES)?.into_iter();
                 $(
-                    let module = compile(ctx, &arch, $file, include_str!(concat!("../../../kernels/", $file)))?;
+                    let module = load(ctx, $file, ptx.next().expect("one PTX per file"))?;
                     $(let $name = module.load_function(stringify!($name)).map_err(|e| driver_err(concat!("kernel ", stringify!($name)), e))?;)*
                 )*
                 let sm_count = ctx
@@ -73,4 +108,23 @@ kernels! {
 pub(crate) fn allow_shared(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
         .map_err(|e| driver_err(&format!("{name}: {bytes} bytes of shared memory"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compile_all, NAMES, SOURCES};
+
+    /// Needs libnvrtc on the library path (no GPU): the files compile side by side and each PTX
+    /// lands with its own file.
+    #[test]
+    fn every_file_compiles_to_its_own_ptx() {
+        let ptx = compile_all("sm_90", SOURCES).unwrap();
+        assert_eq!(ptx.len(), SOURCES.len());
+        for ((ptx, (file, _)), names) in ptx.iter().zip(SOURCES).zip(NAMES) {
+            let text = ptx.to_src();
+            for name in *names {
+                assert!(text.contains(&format!(".entry {name}(")), "{file}: no kernel {name} in its PTX");
+            }
+        }
+    }
 }
