@@ -1,6 +1,7 @@
 //! The kernels of `kernels/*.cu`, compiled by NVRTC for the device's architecture when a backend
-//! starts. Each file is compiled as `common.cuh` + the file with the options below;
-//! tools/gpu/check_kernels.py compiles them the same way in CI, without a GPU.
+//! starts. Each file is compiled as `common.cuh` + the file with the options below; CI runs the
+//! same compile step without a GPU (this module's test), and tools/gpu/check_kernels.py mirrors it
+//! for quick checks and tools/gpu/kernel_sass.py.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
