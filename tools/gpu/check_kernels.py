@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compiles every kernels/*.cu with NVRTC for sm_90, exactly as vt-cuda does at backend start
-(common.cuh prepended, the same options), so a kernel that does not compile fails CI on a machine
-without a GPU. Needs only libnvrtc (the `nvidia-cuda-nvrtc` wheel); no CUDA headers are used.
+(common.cuh prepended, the same options), and prints NVRTC's log: a quick check without cargo or
+a GPU, and kernel_sass.py's compile step. (CI compiles through vt-cuda's own code: its unit test
+`kernels::tests`.) Needs only libnvrtc (the `nvidia-cuda-nvrtc` wheel); no CUDA headers are used.
 
 usage: check_kernels.py [path/to/libnvrtc.so.13]   (default: found under sys.path's nvidia/)
 """
