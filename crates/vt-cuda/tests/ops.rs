@@ -99,17 +99,25 @@ fn cuda() -> CudaBackend {
     CudaBackend::new().expect("CUDA backend")
 }
 
-/// Expands `$body` once with `$b` a CPU backend and once with a CUDA backend, then compares.
+thread_local! {
+    /// The CUDA backend of the test running on this thread (libtest gives each test a thread of
+    /// its own): a backend compiles every kernel file when it starts, which made one per compared
+    /// op the bulk of this suite's time.
+    static GPU: CudaBackend = cuda();
+}
+
+/// Expands `$body` once with `$b` a CPU backend and once with this test's CUDA backend, then
+/// compares.
 macro_rules! on_both {
     ($op:expr, $bound:expr, |$b:ident| $body:block) => {{
         let cpu: Vec<f32> = {
             let $b = &CpuBackend::new();
             $body
         };
-        let gpu: Vec<f32> = {
-            let $b = &cuda();
+        let gpu: Vec<f32> = GPU.with(|g| {
+            let $b = g;
             $body
-        };
+        });
         report($op, $bound, &gpu, &cpu);
     }};
 }
