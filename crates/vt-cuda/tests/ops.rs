@@ -337,49 +337,58 @@ fn upload_experts<B: Backend>(b: &B, experts: &[[HostWeight; 3]], h: usize, inte
 #[test]
 fn moe_grouped_prefill() {
     let mut r = Rng(0x9a0e);
-    // Several row tiles per expert (64 slots for bf16, 128 for NVFP4: 130-175 slots an expert
-    // here) with short last tiles; hidden and intermediate not multiples of the 64-input K steps
-    // or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples of 16).
-    let (t, n_exp) = (700, 16);
     let kinds = [
         RouterKind::Softmax { top_k: 4, renormalize: true },
         RouterKind::Sigmoid { top_k: 3, softcap: Some(3.0), renormalize: false, routed_scaling: 2.5 },
     ];
-    for (format, h, inter) in [("bf16", 200, 72), ("nvfp4", 208, 80)] {
-        let x = r.vec(t * h, 2.0);
-        let router_w = HostWeight::bf16(&mut r, n_exp, h);
-        let bias = r.vec(n_exp, 0.1);
-        let experts = host_experts(&mut r, format, n_exp, h, inter);
-        for kind in &kinds {
-            // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights enter
-            // the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for both.
-            on_both!(&format!("moe grouped prefill {format} {kind:?}"), 2.0 * U, |b| {
-                let moe = upload_experts(b, &experts, h, inter);
-                let router = router(b, &router_w, kind, &bias);
-                let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
-                assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
-                first
-            });
+    // 16 experts: several row tiles each (64 slots for bf16, 128 for NVFP4: 130-175 slots an
+    // expert) with short last tiles. 136 experts: the routing plan's scan spans several warps, and
+    // most experts get one short tile, some none. Hidden and intermediate are not multiples of the
+    // 64-input K steps or the 128-row N tiles, so every tail is exercised (NVFP4 needs multiples
+    // of 16).
+    for (t, n_exp) in [(700, 16), (300, 136)] {
+        for (format, h, inter) in [("bf16", 200, 72), ("nvfp4", 208, 80)] {
+            let x = r.vec(t * h, 2.0);
+            let router_w = HostWeight::bf16(&mut r, n_exp, h);
+            let bias = r.vec(n_exp, 0.1);
+            let experts = host_experts(&mut r, format, n_exp, h, inter);
+            for kind in &kinds {
+                // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights
+                // enter the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for
+                // both.
+                on_both!(&format!("moe grouped prefill {format} {n_exp} experts {kind:?}"), 2.0 * U, |b| {
+                    let moe = upload_experts(b, &experts, h, inter);
+                    let router = router(b, &router_w, kind, &bias);
+                    let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
+                    assert_eq!(first, out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap()));
+                    first
+                });
+            }
+            // A first prefill leaves exactly the layer's resident table: descriptors of every
+            // expert's gate, up and down (the kernels read the weights in place, no copy is kept)
+            // and, for NVFP4, the repacked experts (4608-byte tiles of 128 rows x 64 inputs) with
+            // their own table. Measured on a second layer, after the first has set up what the
+            // backend keeps for itself.
+            let b = &cuda();
+            let router =
+                Router { weight: Linear::new(b, router_w.upload(b)), kind: kinds[0].clone(), correction_bias: None };
+            let xg = act(b, &[t, h], &x);
+            drop(b.moe(&xg, &router, &upload_experts(b, &experts, h, inter)).unwrap());
+            let moe = upload_experts(b, &experts, h, inter);
+            let before = b.memory().bytes_live;
+            drop(b.moe(&xg, &router, &moe).unwrap());
+            let table = |entries: usize| (entries * 32).next_multiple_of(256);
+            let mut want = table(3 * n_exp);
+            if format == "nvfp4" {
+                let tiles = (2 * inter).div_ceil(128) * h.div_ceil(64) + h.div_ceil(128) * inter.div_ceil(64);
+                want += n_exp * 4608 * tiles + table(2 * n_exp);
+            }
+            assert_eq!(
+                b.memory().bytes_live - before,
+                want,
+                "{format}, {n_exp} experts: bytes kept after the first prefill"
+            );
         }
-        // A first prefill leaves exactly the layer's resident table: descriptors of every expert's
-        // gate, up and down (the kernels read the weights in place, no copy is kept) and, for NVFP4,
-        // the repacked experts (4608-byte tiles of 128 rows x 64 inputs) with their own table.
-        // Measured on a second layer, after the first has set up what the backend keeps for itself.
-        let b = &cuda();
-        let router =
-            Router { weight: Linear::new(b, router_w.upload(b)), kind: kinds[0].clone(), correction_bias: None };
-        let xg = act(b, &[t, h], &x);
-        drop(b.moe(&xg, &router, &upload_experts(b, &experts, h, inter)).unwrap());
-        let moe = upload_experts(b, &experts, h, inter);
-        let before = b.memory().bytes_live;
-        drop(b.moe(&xg, &router, &moe).unwrap());
-        let table = |entries: usize| (entries * 32).next_multiple_of(256);
-        let mut want = table(3 * n_exp);
-        if format == "nvfp4" {
-            let tiles = (2 * inter).div_ceil(128) * h.div_ceil(64) + h.div_ceil(128) * inter.div_ceil(64);
-            want += n_exp * 4608 * tiles + table(2 * n_exp);
-        }
-        assert_eq!(b.memory().bytes_live - before, want, "{format}: bytes kept after the first prefill");
     }
 }
 
