@@ -98,8 +98,9 @@ pub(crate) fn moe(
 
     let max_tiles = tile_bound(slots, n_exp, tile_rows);
     let (ids, weights) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
-    let counts = b.buffer(2 * n_exp * 4)?; // counts, then the scatter's fill cursors
-                                           // SAFETY: the block holds 2 * n_exp ints; stream-ordered before the kernels that count.
+    // Counts, then the scatter's fill cursors.
+    let counts = b.buffer(2 * n_exp * 4)?;
+    // SAFETY: the block holds 2 * n_exp ints; stream-ordered before the kernels that count.
     unsafe { result::memset_d8_async(counts.ptr(), 0, counts.len(), b.stream().cu_stream()) }
         .map_err(|e| driver_err("memset", e))?;
     let (offsets, tiles, n_tiles) = (b.buffer(n_exp * 4)?, b.buffer(max_tiles * 8)?, b.buffer(4)?);
