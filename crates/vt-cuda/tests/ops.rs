@@ -99,25 +99,18 @@ fn cuda() -> CudaBackend {
     CudaBackend::new().expect("CUDA backend")
 }
 
-thread_local! {
-    /// The CUDA backend of the test running on this thread (libtest gives each test a thread of
-    /// its own): a backend compiles every kernel file when it starts, which made one per compared
-    /// op the bulk of this suite's time.
-    static GPU: CudaBackend = cuda();
-}
-
-/// Expands `$body` once with `$b` a CPU backend and once with this test's CUDA backend, then
-/// compares.
+/// Expands `$body` once with `$b` a CPU backend and once with `$gpu`, the test's CUDA backend (one
+/// per test: a backend compiles every kernel file when it starts), then compares.
 macro_rules! on_both {
-    ($op:expr, $bound:expr, |$b:ident| $body:block) => {{
+    ($gpu:expr, $op:expr, $bound:expr, |$b:ident| $body:block) => {{
         let cpu: Vec<f32> = {
             let $b = &CpuBackend::new();
             $body
         };
-        let gpu: Vec<f32> = GPU.with(|g| {
-            let $b = g;
+        let gpu: Vec<f32> = {
+            let $b: &CudaBackend = $gpu;
             $body
-        });
+        };
         report($op, $bound, &gpu, &cpu);
     }};
 }
@@ -137,6 +130,7 @@ fn out<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
 /// Attention with heads `(hq, hkv, d)` over `steps` tokens per call into one cache, on both
 /// backends (`q`, `k`, `v` hold every call's rows in turn): every call's output.
 fn attention_steps(
+    gpu: &CudaBackend,
     op: &str,
     bound: f32,
     steps: &[usize],
@@ -145,7 +139,7 @@ fn attention_steps(
     (q, k, v): (&[f32], &[f32], &[f32]),
 ) {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
-    on_both!(&format!("{op} [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
+    on_both!(gpu, &format!("{op} [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
         let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
         let (mut s, mut all) = (0, Vec::new());
         for &n in steps {
@@ -162,12 +156,18 @@ fn attention_steps(
 /// The gated delta rule with heads `(kh, vh, dk, dv)` over `steps` tokens per call (chunked, or
 /// recurrent for a single token) from a zero state, on both backends: every call's output, then the
 /// final state.
-fn gated_delta_rule_steps(r: &mut Rng, op: &str, steps: &[usize], (kh, vh, dk, dv): (usize, usize, usize, usize)) {
+fn gated_delta_rule_steps(
+    gpu: &CudaBackend,
+    r: &mut Rng,
+    op: &str,
+    steps: &[usize],
+    (kh, vh, dk, dv): (usize, usize, usize, usize),
+) {
     let total: usize = steps.iter().sum();
     let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
     let (a, bb) = (r.vec(total * vh, 2.0), r.vec(total * vh, 2.0));
     let (a_log, dt_bias) = (r.vec(vh, 1.0), r.vec(vh, 1.0));
-    on_both!(&format!("{op} [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
+    on_both!(gpu, &format!("{op} [{kh}, {vh}, {dk}, {dv}]"), U, |b| {
         let mut state = b.zeros_f32(&[vh, dk, dv]).unwrap();
         let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
         let (mut s, mut all) = (0, Vec::new());
@@ -189,50 +189,52 @@ fn gated_delta_rule_steps(r: &mut Rng, op: &str, steps: &[usize], (kh, vh, dk, d
 
 #[test]
 fn elementwise_and_norm_ops() {
+    let gpu = &cuda();
     let mut r = Rng(0x1234_5678);
     let (t, d) = (37, 160);
     let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
     let table = r.vec(50 * d, 1.0);
     let ids = [3u32, 49, 0, 7, 7];
-    on_both!("embedding", U, |b| {
+    on_both!(gpu, "embedding", U, |b| {
         out(b, &b.embedding(&b.upload(DType::BF16, &[50, d], &bf16_bytes(&table)).unwrap(), &ids).unwrap())
     });
     for kind in [NormKind::Plain, NormKind::UnitOffset] {
-        on_both!(&format!("rms_norm {kind:?}"), U, |b| {
+        on_both!(gpu, &format!("rms_norm {kind:?}"), U, |b| {
             out(b, &b.rms_norm(&act(b, &[t, d], &x), &small(b, &w), 1e-6, kind).unwrap())
         });
     }
-    on_both!("rms_norm_gated", U, |b| {
+    on_both!(gpu, "rms_norm_gated", U, |b| {
         out(b, &b.rms_norm_gated(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &small(b, &w), 1e-6).unwrap())
     });
-    on_both!("add", U, |b| { out(b, &b.add(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
-    on_both!("swiglu", U, |b| { out(b, &b.swiglu(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
-    on_both!("gate sigmoid per element", U, |b| {
+    on_both!(gpu, "add", U, |b| { out(b, &b.add(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
+    on_both!(gpu, "swiglu", U, |b| { out(b, &b.swiglu(&act(b, &[t, d], &x), &act(b, &[t, d], &y)).unwrap()) });
+    on_both!(gpu, "gate sigmoid per element", U, |b| {
         out(b, &b.gate(&act(b, &[t, d], &x), &act(b, &[t, d], &y), GateAct::Sigmoid).unwrap())
     });
-    on_both!("gate softplus per group", U, |b| {
+    on_both!(gpu, "gate softplus per group", U, |b| {
         out(b, &b.gate(&act(b, &[t, d], &x), &act(b, &[t, 5], &y[..t * 5]), GateAct::Softplus).unwrap())
     });
-    on_both!("narrow_cols", 0.0, |b| { out(b, &b.narrow_cols(&act(b, &[t, d], &x), 17, 40).unwrap()) });
-    on_both!("slice_rows", 0.0, |b| { out(b, &b.slice_rows(&act(b, &[t, d], &x), 5, 9).unwrap()) });
-    on_both!("concat_rows", 0.0, |b| {
+    on_both!(gpu, "narrow_cols", 0.0, |b| { out(b, &b.narrow_cols(&act(b, &[t, d], &x), 17, 40).unwrap()) });
+    on_both!(gpu, "slice_rows", 0.0, |b| { out(b, &b.slice_rows(&act(b, &[t, d], &x), 5, 9).unwrap()) });
+    on_both!(gpu, "concat_rows", 0.0, |b| {
         let (p, q) = (act(b, &[3, d], &x[..3 * d]), act(b, &[t, d], &y));
         out(b, &b.concat_rows(&[&p, &q]).unwrap())
     });
     // Partial rotary (rotary dim 12 of head dim 16) with YaRN-style scaling, from position 1000.
     let rope = Rope { inv_freq: (0..6).map(|i| 10000f32.powf(-(i as f32) / 6.0)).collect(), attention_scaling: 1.15 };
-    on_both!("rope", U, |b| { out(b, &b.rope(&act(b, &[t, 10, 16], &x), 1000, &rope).unwrap()) });
+    on_both!(gpu, "rope", U, |b| { out(b, &b.rope(&act(b, &[t, 10, 16], &x), 1000, &rope).unwrap()) });
 }
 
 #[test]
 fn linear_every_weight_format() {
+    let gpu = &cuda();
     let mut r = Rng(0xfeed);
     // Aligned shapes go to cuBLASLt, the rest (n = 1, 6: per-head gates) to the simple kernel.
     for (n, k) in [(96, 64), (307, 160), (24, 512), (1, 72), (6, 80)] {
         for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
             for t in [1, 37, 111] {
                 let x = r.vec(t * k, 2.0);
-                on_both!(&format!("linear {} [{n}, {k}] t={t}", hw.name()), U, |b| {
+                on_both!(gpu, &format!("linear {} [{n}, {k}] t={t}", hw.name()), U, |b| {
                     let lin = Linear::new(b, hw.upload(b));
                     out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
                 });
@@ -243,6 +245,7 @@ fn linear_every_weight_format() {
 
 #[test]
 fn attention_full_and_windowed_across_calls() {
+    let gpu = &cuda();
     let mut r = Rng(0xa77e);
     // Head shapes of a generic GQA layer and of the qwen35moe fixtures.
     for (hq, hkv, d) in [(6, 2, 32), (4, 2, 40)] {
@@ -251,19 +254,20 @@ fn attention_full_and_windowed_across_calls() {
         let total: usize = steps.iter().sum();
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(16)] {
-            attention_steps("attention", U, &steps, (hq, hkv, d), window, (&q, &k, &v));
+            attention_steps(gpu, "attention", U, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
 
 #[test]
 fn conv_and_gated_delta_rule_across_calls() {
+    let gpu = &cuda();
     let mut r = Rng(0x6d4e);
     let (c, kern) = (48, 4);
     let steps = [19usize, 1, 2, 1];
     let total: usize = steps.iter().sum();
     let (x, w) = (r.vec(total * c, 2.0), r.vec(c * kern, 0.7));
-    on_both!("causal_conv1d", U, |b| {
+    on_both!(gpu, "causal_conv1d", U, |b| {
         let wt = b.upload(DType::BF16, &[c, kern], &bf16_bytes(&w)).unwrap();
         let mut state = b.zeros(&[c, kern - 1]).unwrap();
         let (mut s, mut all) = (0, Vec::new());
@@ -275,12 +279,13 @@ fn conv_and_gated_delta_rule_across_calls() {
     });
     // A generic head layout and those of the qwen35moe fixtures.
     for heads in [(2, 4, 32, 48), (2, 4, 24, 20), (2, 6, 20, 28)] {
-        gated_delta_rule_steps(&mut r, "gated_delta_rule", &[70, 1, 1, 3], heads);
+        gated_delta_rule_steps(gpu, &mut r, "gated_delta_rule", &[70, 1, 1, 3], heads);
     }
 }
 
 #[test]
 fn moe_every_router_and_expert_format() {
+    let gpu = &cuda();
     let mut r = Rng(0x30e);
     let (t, h, inter, n_exp) = (29, 64, 32, 8);
     let kinds = [
@@ -296,7 +301,7 @@ fn moe_every_router_and_expert_format() {
         // Both formats take the grouped prefill path, which rounds the SwiGLU activations to bf16.
         let bound = 2.0 * U;
         for kind in &kinds {
-            on_both!(&format!("moe {format} {kind:?}"), bound, |b| {
+            on_both!(gpu, &format!("moe {format} {kind:?}"), bound, |b| {
                 let moe = upload_experts(b, &experts, h, inter);
                 let router = router(b, &router_w, kind, &bias);
                 // Twice: the second call reads the resident expert table built by the first.
@@ -336,6 +341,7 @@ fn upload_experts<B: Backend>(b: &B, experts: &[[HostWeight; 3]], h: usize, inte
 
 #[test]
 fn moe_grouped_prefill() {
+    let gpu = &cuda();
     let mut r = Rng(0x9a0e);
     let kinds = [
         RouterKind::Softmax { top_k: 4, renormalize: true },
@@ -356,7 +362,7 @@ fn moe_grouped_prefill() {
                 // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights
                 // enter the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for
                 // both.
-                on_both!(&format!("moe grouped prefill {format} {n_exp} experts {kind:?}"), 2.0 * U, |b| {
+                on_both!(gpu, &format!("moe grouped prefill {format} {n_exp} experts {kind:?}"), 2.0 * U, |b| {
                     let moe = upload_experts(b, &experts, h, inter);
                     let router = router(b, &router_w, kind, &bias);
                     let first = out(b, &b.moe(&act(b, &[t, h], &x), &router, &moe).unwrap());
@@ -394,6 +400,7 @@ fn moe_grouped_prefill() {
 
 #[test]
 fn attention_flash_prefill() {
+    let gpu = &cuda();
     let mut r = Rng(0xf1a5);
     // A prefill of several query tiles (longer than the window), a continuation over the cache,
     // a decode step (the simple kernel) and a short chunk.
@@ -404,17 +411,18 @@ fn attention_flash_prefill() {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(100)] {
             // 2u: the probabilities are rounded to bf16 for the P V product.
-            attention_steps("attention flash", 2.0 * U, &steps, (hq, hkv, d), window, (&q, &k, &v));
+            attention_steps(gpu, "attention flash", 2.0 * U, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
 
 #[test]
 fn gated_delta_rule_chunked_prefill() {
+    let gpu = &cuda();
     let mut r = Rng(0xc4c4);
     // Three chunks (the last partial), a decode step, then a chunk from a non-zero state.
     for heads in [(2, 4, 128, 128), (1, 2, 128, 64)] {
-        gated_delta_rule_steps(&mut r, "gated_delta_rule chunked", &[150, 1, 70], heads);
+        gated_delta_rule_steps(gpu, &mut r, "gated_delta_rule chunked", &[150, 1, 70], heads);
     }
 }
 
@@ -442,6 +450,7 @@ fn nvfp4_values(hw: &HostWeight) -> Vec<f32> {
 /// |gpu - cpu| <= 2^-8 |y| + (2k + 2) 2^-23 S, taken with the largest S over the outputs.
 #[test]
 fn linear_nvfp4_prefill_tensor_cores() {
+    let dev = &cuda();
     let mut r = Rng(0x4a16);
     let full_range = |r: &mut Rng, n: usize, k: usize| {
         // Any fp8 scale but NaN (S.1111.111).
@@ -463,7 +472,7 @@ fn linear_nvfp4_prefill_tensor_cores() {
                 let b = &CpuBackend::new();
                 out(b, &b.linear(&act(b, &[t, k], &x), &Linear::new(b, hw.upload(b))).unwrap())
             };
-            let b = &cuda();
+            let b = dev;
             let lin = Linear::new(b, hw.upload(b));
             let xg = act(b, &[t, k], &x);
             let gpu = out(b, &b.linear(&xg, &lin).unwrap());
@@ -486,6 +495,7 @@ fn linear_nvfp4_prefill_tensor_cores() {
 
 #[test]
 fn linear_decode_gemv_few_tokens() {
+    let gpu = &cuda();
     let mut r = Rng(0x6e3f);
     // Rows not a multiple of a block's rows, inputs of several 4-chunk batches and a tail; few
     // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair);
@@ -494,7 +504,7 @@ fn linear_decode_gemv_few_tokens() {
         for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
             for t in [1, 3, 8] {
                 let x = r.vec(t * k, 2.0);
-                on_both!(&format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
+                on_both!(gpu, &format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
                     let lin = Linear::new(b, hw.upload(b));
                     out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
                 });
@@ -505,6 +515,7 @@ fn linear_decode_gemv_few_tokens() {
 
 #[test]
 fn linear_many_shares_one_pass_over_the_input() {
+    let gpu = &cuda();
     let mut r = Rng(0x3a11);
     let k = 256;
     // A mixer's projections: outputs of different widths (one a single row, one a block tail) in
@@ -514,7 +525,7 @@ fn linear_many_shares_one_pass_over_the_input() {
     for (group, ws) in [("bf16 x4", &bf16[..]), ("nvfp4 + bf16", &mixed[..])] {
         for t in [1, 5] {
             let x = r.vec(t * k, 2.0);
-            on_both!(&format!("linear_many {group} t={t}"), U, |b| {
+            on_both!(gpu, &format!("linear_many {group} t={t}"), U, |b| {
                 let lins: Vec<_> = ws.iter().map(|w| Linear::new(b, w.upload(b))).collect();
                 let ys = b.linear_many(&act(b, &[t, k], &x), &lins.iter().collect::<Vec<_>>()).unwrap();
                 assert_eq!(ys.len(), ws.len());
@@ -526,6 +537,7 @@ fn linear_many_shares_one_pass_over_the_input() {
 
 #[test]
 fn moe_block_decode_every_router_format_and_shared_expert() {
+    let gpu = &cuda();
     let mut r = Rng(0xdec0);
     let kinds = [
         RouterKind::Softmax { top_k: 8, renormalize: true },
@@ -550,7 +562,7 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
                     let op = format!(
                         "moe_block decode {format} [{h}, {inter}, {n_exp}] {kind:?} shared {shared_kind} t={t}"
                     );
-                    on_both!(&op, U, |b| {
+                    on_both!(gpu, &op, U, |b| {
                         let moe = upload_experts(b, &experts, h, inter);
                         let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                         let router = Router {
@@ -579,6 +591,7 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
 
 #[test]
 fn gated_delta_step_decode() {
+    let gpu = &cuda();
     let mut r = Rng(0x9d57);
     let (dk, taps, steps) = (128, 4, 6);
     for (kh, vh) in [(2, 4), (1, 3)] {
@@ -586,7 +599,7 @@ fn gated_delta_step_decode() {
         let qkv = r.vec(steps * channels, 2.0);
         let (a, bb) = (r.vec(steps * vh, 2.0), r.vec(steps * vh, 2.0));
         let (a_log, dt_bias, conv) = (r.vec(vh, 1.0), r.vec(vh, 1.0), r.vec(channels * taps, 0.7));
-        on_both!(&format!("gated_delta_step [{kh}, {vh}, {dk}, {dk}]"), U, |b| {
+        on_both!(gpu, &format!("gated_delta_step [{kh}, {vh}, {dk}, {dk}]"), U, |b| {
             let mut state = b.zeros_f32(&[vh, dk, dk]).unwrap();
             let mut conv_state = b.zeros(&[channels, taps - 1]).unwrap();
             let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
@@ -619,6 +632,7 @@ fn gated_delta_step_decode() {
 
 #[test]
 fn attention_decode_long_cache() {
+    let gpu = &cuda();
     let mut r = Rng(0xa7de);
     // A prefill of several splits, then decode steps; windowed: the window spans splits.
     let steps = [300usize, 1, 1, 1];
@@ -627,7 +641,7 @@ fn attention_decode_long_cache() {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(130)] {
             let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
-            on_both!(&format!("attention decode [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
+            on_both!(gpu, &format!("attention decode [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
                 let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
                 let (mut s, mut all) = (0, Vec::new());
                 for &n in &steps {
@@ -649,13 +663,17 @@ fn attention_decode_long_cache() {
 
 #[test]
 fn random_fill_matches_the_host_definition() {
+    let gpu = &cuda();
     for (dtype, scale) in [(DType::F32, 0.5), (DType::BF16, 3.0), (DType::F8E4M3, 1.0)] {
-        on_both!(&format!("random {dtype}"), 0.0, |b| { out(b, &b.random(dtype, &[37, 129], 42, scale).unwrap()) });
+        on_both!(gpu, &format!("random {dtype}"), 0.0, |b| {
+            out(b, &b.random(dtype, &[37, 129], 42, scale).unwrap())
+        });
     }
 }
 
 #[test]
 fn add_rms_norm_fused() {
+    let gpu = &cuda();
     let mut r = Rng(0xadd0);
     let t = 5;
     // Widths and weight dtypes that take each path of kernels/add_norm.cu: 8 values per access
@@ -664,11 +682,11 @@ fn add_rms_norm_fused() {
     for (d, f32_weight) in [(2048, false), (5000, false), (163, false), (4100, true)] {
         let (x, y, w) = (r.vec(t * d, 3.0), r.vec(t * d, 3.0), r.vec(d, 1.0));
         for kind in [NormKind::Plain, NormKind::UnitOffset] {
-            on_both!(&format!("rms_norm {kind:?} width {d}"), U, |b| {
+            on_both!(gpu, &format!("rms_norm {kind:?} width {d}"), U, |b| {
                 out(b, &b.rms_norm(&act(b, &[t, d], &x), &norm_weight(b, &w, f32_weight), 1e-6, kind).unwrap())
             });
             // 2u: the norm reads the sum rounded to bf16 (as add then rms_norm would).
-            on_both!(&format!("add_rms_norm {kind:?} width {d}"), 2.0 * U, |b| {
+            on_both!(gpu, &format!("add_rms_norm {kind:?} width {d}"), 2.0 * U, |b| {
                 let (sum, normed) = b
                     .add_rms_norm(
                         &act(b, &[t, d], &x),
@@ -683,7 +701,7 @@ fn add_rms_norm_fused() {
                 all
             });
             // One body: the fused norm is rms_norm of the sum it wrote, bit for bit.
-            let b = &cuda();
+            let b = gpu;
             let nw = norm_weight(b, &w, f32_weight);
             let (sum, normed) = b.add_rms_norm(&act(b, &[t, d], &x), &act(b, &[t, d], &y), &nw, 1e-6, kind).unwrap();
             assert_eq!(out(b, &normed), out(b, &b.rms_norm(&sum, &nw, 1e-6, kind).unwrap()), "width {d}");
