@@ -13,11 +13,13 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linu
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 
 status=0
+results=()  # each run's one-line result, printed again last (a device call returns only its output's tail)
 run() {  # name, then the command
     local name=$1; shift
     local t0=$SECONDS
     "$@" >"$logs/$name.log" 2>&1; local rc=$?
-    echo "== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')"
+    results+=("== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')")
+    echo "${results[-1]}"
     return $rc
 }
 run ops "$bin/ops" --nocapture --test-threads=4 || status=1
@@ -28,11 +30,16 @@ fi
 run recorded "$bin/recorded" --nocapture || status=1
 run lifetime "$bin/lifetime" --nocapture --test-threads=1 || status=1
 if run lifetime-mutation "$bin/lifetime-mutation" --test-threads=1; then
-    echo "mutation arm: PASSED with the original bug compiled in (must fail)"; status=1
+    results+=("mutation arm: PASSED with the original bug compiled in (must fail)"); status=1
+    echo "${results[-1]}"
 else
     for t in sequential_engines_in_reused_memory_compute_as_alone build_run_drop_cycles_give_all_memory_back; do
-        grep -q "^test $t \.\.\. FAILED" "$logs/lifetime-mutation.log" && echo "mutation arm: $t failed as required" \
-            || { echo "mutation arm: $t did not fail"; status=1; }
+        if grep -q "^test $t \.\.\. FAILED" "$logs/lifetime-mutation.log"; then
+            results+=("mutation arm: $t failed as required")
+        else
+            results+=("mutation arm: $t did not fail"); status=1
+        fi
+        echo "${results[-1]}"
     done
 fi
 run vt-generate "$bin/vt" generate --backend cuda --model fixtures/qwen35moe_text --prompt-ids 1,2,3,4 --max-new-tokens 8 --json || status=1
@@ -43,5 +50,7 @@ echo "---- summary ----"
 grep -hE '^(op |fixture |.*cycles:)' "$logs"/ops.log "$logs"/parity.log "$logs"/recorded.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
 grep -hE 'panicked|FAILED' "$logs"/{ops,parity,recorded,lifetime}.log | head -20
 grep -hE "^thread '.*' panicked|^test .* FAILED" "$logs/lifetime-mutation.log" | head -8
+echo "---- results ----"
+printf '%s\n' "${results[@]}"
 echo "suite status: $status"
 exit $status
