@@ -3,14 +3,15 @@
 # carried (and `pip download --no-deps fla-core -d <folder>/wheels` made here): the decode peers
 # (tools/gpu/decode_peers.py: HF MoE block, flash-linear-attention, cuBLAS, SDPA), vt's decode
 # kernel benchmark beside them (crates/vt-cuda/examples/decode_bench.rs), then end to end on
-# Qwen3.5-35B-A3B with dummy weights: `vt bench` and HF transformers' eager decode, in that order
-# (each needs most of the GPU's memory). Logs go to $OUT (or /tmp/vt-gpu); the tables print last.
-# DECODE_E2E=0 skips the end-to-end part, HF_E2E=0 only its transformers half.
+# Qwen3.5-35B-A3B with dummy weights (DECODE_CONFIG=tools/gpu/configs/laguna_xs_2 for Laguna-XS.2):
+# `vt bench` and HF transformers' eager decode, in that order (each needs most of the GPU's
+# memory). Logs go to $OUT (or /tmp/vt-gpu); the tables print last. DECODE_E2E=0 skips the
+# end-to-end part, HF_E2E=0 only its transformers half.
 set -uo pipefail
 logs=${OUT:-/tmp/vt-gpu}
 mkdir -p "$logs"
 bin=${VT_GPU_BIN:-.gpu/bin}
-cfg=tools/gpu/configs/qwen3_5_35b_a3b
+cfg=${DECODE_CONFIG:-tools/gpu/configs/qwen3_5_35b_a3b}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 pip install --quiet --no-index --no-deps --target /tmp/site "$(dirname "$bin")"/wheels/*.whl >"$logs/pip.log" 2>&1
 PYTHONPATH=/tmp/site timeout "${PEERS_TIMEOUT:-150}" python3 tools/gpu/decode_peers.py "$logs" >"$logs/decode_peers.log" 2>&1 ||
@@ -28,7 +29,7 @@ echo "---- decode kernels (vt | ceiling | peer) ----"
 cat "$logs/decode_bench.log"
 grep -E 'failed' "$logs/decode_peers.log" | head -5
 if [ "${DECODE_E2E:-1}" = 1 ]; then
-    echo "---- end to end, Qwen3.5-35B-A3B dummy bf16 ----"
+    echo "---- end to end, $(basename "$cfg") dummy bf16 ----"
     tail -8 "$logs/vt_bench.log"
     tail -3 "$logs/hf_decode.log" 2>/dev/null
 fi

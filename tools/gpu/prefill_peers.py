@@ -2,8 +2,9 @@
 """Peers of vt's prefill kernels, measured on the GPU machine right after `prefill_bench OUT`
 (crates/vt-cuda/examples/prefill_bench.rs), on the same shapes and the same MoE routing (the
 bench leaves the MoE input and router weight in OUT): torch grouped_mm for the routed experts,
-torch SDPA (flash backend) for attention, flash-linear-attention's chunk_gated_delta_rule for the
-gated delta rule. Prints vt's time beside its ceiling and the peer's, and writes OUT/peers.json.
+torch SDPA (flash backend) for causal attention (a sliding-window case has no peer: that backend
+takes no window), flash-linear-attention's chunk_gated_delta_rule for the gated delta rule. Prints
+vt's time beside its ceiling and the peer's, and writes OUT/peers.json.
 
 usage: prefill_peers.py OUT   (fla-core importable, e.g. PYTHONPATH=/tmp/site)
 """
@@ -74,8 +75,17 @@ def moe_peers(out):
     }
 
 
-def attention_peer(t):
-    hq, hkv, d = 16, 2, 256
+def attention_case(name):
+    """(t, hq, hkv, d, window or None) of a prefill_bench attention case name."""
+    field = dict(part.split("=") for part in name.split()[1:] if "=" in part)
+    window = int(field["window"]) if "window" in field else None
+    return int(field["t"]), int(field["hq"]), int(field["hkv"]), int(field["d"]), window
+
+
+def attention_peer(name):
+    t, hq, hkv, d, window = attention_case(name)
+    if window is not None:
+        return {}  # SDPA's flash backend has no sliding window, and a mask would leave it
     q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
     k = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
     v = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
@@ -88,7 +98,7 @@ def attention_peer(t):
         except RuntimeError:
             k, v = (z.repeat_interleave(hq // hkv, dim=1) for z in (k, v))
             ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            how = "k/v repeated to 16 heads"
+            how = f"k/v repeated to {hq} heads"
     return {f"torch SDPA flash ({how})": ms}
 
 
@@ -130,7 +140,7 @@ def main():
             if name.startswith("moe"):
                 peers[name] = moe_peers(out)
             elif name.startswith("attention"):
-                peers[name] = attention_peer(int(name.split("t=")[1].split()[0]))
+                peers[name] = attention_peer(name)
             elif name.startswith("gdn"):
                 peers[name] = gdn_peer()
         except Exception as e:

@@ -1,8 +1,9 @@
-//! Prefill kernels on Qwen3.5-35B-A3B shapes with synthetic weights, each beside its ceiling
-//! measured in the same process: bytes ÷ device copy bandwidth and FLOPs ÷ cuBLASLt bf16 GEMM
-//! rate. Writes one JSON object per line to `OUT/vt.json` plus the MoE input and router weight
-//! (`OUT/moe_x.bin`, `OUT/moe_router.bin`, raw bf16) so that tools/gpu/prefill_peers.py measures
-//! torch on the same routing, then prints the joint table.
+//! Prefill kernels on Qwen3.5-35B-A3B and Laguna-XS.2 shapes (their MoE blocks share one shape;
+//! the routing here is softmax) with synthetic weights, each beside its ceiling measured in the
+//! same process: bytes ÷ device copy bandwidth and FLOPs ÷ cuBLASLt bf16 GEMM rate. Writes one
+//! JSON object per line to `OUT/vt.json` plus the MoE input and router weight (`OUT/moe_x.bin`,
+//! `OUT/moe_router.bin`, raw bf16) so that tools/gpu/prefill_peers.py measures torch on the same
+//! routing, then prints the joint table.
 //!
 //! usage: prefill_bench OUT_DIR   (VT_BENCH_WARMUP, VT_BENCH_ITERS: runs per case, default 3 and
 //! 20; `VT_BENCH_WARMUP=0 VT_BENCH_ITERS=1` runs each op once, for a profiler; `VT_BENCH_CASES`:
@@ -188,20 +189,30 @@ fn nvfp4_linear(b: &CudaBackend, pool: &Pool, t: usize, n: usize, k: usize) -> R
     ])
 }
 
-fn attention(b: &CudaBackend, pool: &Pool, t: usize) -> Result<Row> {
-    let (hq, hkv, d) = (16, 2, 256);
+/// Causal attention of `t` queries over as many keys, heads `(hq, hkv, d)`, a sliding window of
+/// `window` keys or none.
+fn attention(
+    b: &CudaBackend,
+    pool: &Pool,
+    t: usize,
+    (hq, hkv, d): (usize, usize, usize),
+    window: Option<usize>,
+) -> Result<Row> {
     let q = pool.tensor(b, &[t, hq, d], 20, 1.0)?;
     let k = pool.tensor(b, &[t, hkv, d], 21, 1.0)?;
     let v = pool.tensor(b, &[t, hkv, d], 22, 1.0)?;
-    let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
     let ms = b.time_ms(runs().0, runs().1, || {
-        let mut cache = b.new_kv_cache(hkv, d, None)?;
+        let mut cache = b.new_kv_cache(hkv, d, window)?;
         b.attention(&q, &k, &v, &mut cache, &params).map(drop)
     })?;
+    // Query p sees min(p + 1, window) keys.
+    let pairs: usize = (0..t).map(|p| window.map_or(p + 1, |w| (p + 1).min(w))).sum();
+    let mask = window.map_or("causal".to_string(), |w| format!("window={w}"));
     Ok(Row {
-        name: format!("attention t={t} hq={hq} hkv={hkv} d={d} causal"),
+        name: format!("attention t={t} hq={hq} hkv={hkv} d={d} {mask}"),
         ms,
-        flops: 4.0 * (hq * d) as f64 * (t * (t + 1) / 2) as f64,
+        flops: 4.0 * (hq * d) as f64 * pairs as f64,
         bytes: (2 * t * (2 * hq + 2 * hkv) * d) as f64,
     })
 }
@@ -261,7 +272,12 @@ fn main() -> Result<()> {
         cases.extend([moe16, moe4]);
     }
     if wanted("attention") {
-        cases.extend([attention(&b, &pool, 4096), attention(&b, &pool, 8192)]);
+        // Qwen3.5-35B-A3B's full-attention layers, then Laguna-XS.2's global and sliding ones.
+        let (qwen, laguna_global, laguna_swa) = ((16, 2, 256), (64, 8, 128), (48, 8, 128));
+        for t in [4096, 8192] {
+            cases.extend([attention(&b, &pool, t, qwen, None), attention(&b, &pool, t, laguna_global, None)]);
+        }
+        cases.push(attention(&b, &pool, 8192, laguna_swa, Some(512)));
     }
     if wanted("gdn") {
         cases.push(gdn(&b, &pool));
