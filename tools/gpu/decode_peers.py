@@ -110,15 +110,17 @@ def linears():
 
 
 def sdpa():
-    hq, hkv, d, ctx = 16, 2, 256, 4000
-    caches = [(torch.randn(1, hkv, ctx, d, device=dev, dtype=torch.bfloat16),
-               torch.randn(1, hkv, ctx, d, device=dev, dtype=torch.bfloat16)) for _ in range(8)]
-    q = torch.randn(1, hq, 1, d, device=dev, dtype=torch.bfloat16)
+    # (hq, hkv, d, keys): Qwen3.5-35B-A3B's full attention at 4000 keys, Laguna-XS.2's global
+    # layers at 4000 and its sliding ones at their 512-key window (decode_bench's cases).
+    for hq, hkv, d, keys in ((16, 2, 256, 4000), (64, 8, 128, 4000), (48, 8, 128, 512)):
+        caches = [(torch.randn(1, hkv, keys, d, device=dev, dtype=torch.bfloat16),
+                   torch.randn(1, hkv, keys, d, device=dev, dtype=torch.bfloat16)) for _ in range(8)]
+        q = torch.randn(1, hq, 1, d, device=dev, dtype=torch.bfloat16)
 
-    def call(i):
-        kk, vv = caches[i % 8]
-        return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
-    measure("torch_sdpa_decode_ctx4000", lambda: device_us(call))
+        def call(i):
+            kk, vv = caches[i % 8]
+            return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+        measure(f"torch_sdpa_decode_{hq}x{hkv}x{d}_keys{keys}", lambda: device_us(call))
 
 
 for part in (linears, sdpa, fla_gdn, hf_moe):

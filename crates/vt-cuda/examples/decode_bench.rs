@@ -1,8 +1,9 @@
-//! Decode kernels on the device at Qwen3.5-35B-A3B shapes, each beside its ceiling (bytes it must
-//! read ÷ the device-to-device copy bandwidth measured in the same process) and beside a peer
-//! measured in the same device call (tools/gpu/decode_peers.py writes `name µs` lines; pass that
-//! file as the first argument). Device time comes from CUDA events around calls queued behind a
-//! spin (`CudaBackend::time_queued`); inputs rotate over copies larger than the 60 MB L2.
+//! Decode kernels on the device at Qwen3.5-35B-A3B shapes (and Laguna-XS.2's attention), each
+//! beside its ceiling (bytes it must read ÷ the device-to-device copy bandwidth measured in the
+//! same process) and beside a peer measured in the same device call (tools/gpu/decode_peers.py
+//! writes `name µs` lines; pass that file as the first argument). Device time comes from CUDA
+//! events around calls queued behind a spin (`CudaBackend::time_queued`); inputs rotate over
+//! copies larger than the 60 MB L2.
 //!
 //! cargo build --release -p vt-cuda --features cuda --example decode_bench
 //! decode_bench [peers.txt]
@@ -215,13 +216,14 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
     Ok(())
 }
 
-fn attention(b: &B, r: &Report) -> Result<()> {
-    let (hq, hkv, d, ctx) = (16, 2, 256, 4000);
-    let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+/// One decode step of attention, heads `(hq, hkv, d)`, over a cache of `ctx` positions (a ring of
+/// `window` rows when set, so it reads min(ctx, window) keys).
+fn attention(b: &B, r: &Report, (hq, hkv, d): (usize, usize, usize), ctx: usize, window: Option<usize>) -> Result<()> {
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
     let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
     let mut caches = (0..8)
         .map(|s| {
-            let mut c = b.new_kv_cache(hkv, d, None)?;
+            let mut c = b.new_kv_cache(hkv, d, window)?;
             b.attention(
                 &rnd(&[ctx, hq, d], s)?,
                 &rnd(&[ctx, hkv, d], s + 10)?,
@@ -238,13 +240,15 @@ fn attention(b: &B, r: &Report) -> Result<()> {
     }
     let n = caches.len();
     let time = b.time_queued(64, 30.0, |i| b.attention(&q, &k, &v, &mut caches[i % n], &params).map(|_| ()))?;
-    let bytes = (2 * (ctx + 9) * hkv * d * 2) as f64;
-    r.row(
-        &format!("attention decode ctx {ctx} [{hq}, {hkv}, {d}]"),
-        time.device_us,
-        bytes,
-        "torch_sdpa_decode_ctx4000",
-    );
+    // The keys a step reads: every position so far, or the window's.
+    let keys = window.map_or(ctx + 9, |w| w.min(ctx + 9));
+    let bytes = (2 * keys * hkv * d * 2) as f64;
+    let peer_keys = window.unwrap_or(ctx);
+    let name = match window {
+        Some(w) => format!("attention decode ctx {ctx} window {w} [{hq}, {hkv}, {d}]"),
+        None => format!("attention decode ctx {ctx} [{hq}, {hkv}, {d}]"),
+    };
+    r.row(&name, time.device_us, bytes, &format!("torch_sdpa_decode_{hq}x{hkv}x{d}_keys{peer_keys}"));
     Ok(())
 }
 
@@ -277,7 +281,10 @@ fn main() -> Result<()> {
     let r = Report { bandwidth, peers };
     gemv(&b, &r)?;
     gdn(&b, &r)?;
-    attention(&b, &r)?;
+    // Qwen3.5-35B-A3B's full attention, then Laguna-XS.2's global and sliding-window layers.
+    attention(&b, &r, (16, 2, 256), 4000, None)?;
+    attention(&b, &r, (64, 8, 128), 4000, None)?;
+    attention(&b, &r, (48, 8, 128), 4000, Some(512))?;
     moe(&b, &r, false)?;
     moe(&b, &r, true)?;
     Ok(())
