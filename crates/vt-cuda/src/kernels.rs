@@ -3,50 +3,34 @@
 //! same compile step without a GPU (this module's test), and tools/gpu/check_kernels.py mirrors it
 //! for quick checks and tools/gpu/kernel_sass.py.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use rayon::prelude::*;
 use vt_core::{Error, Result};
 
 use crate::alloc::driver_err;
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
-/// PTX of every `(file, source)`, compiled for `arch` side by side (NVRTC is CPU work and the
-/// files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
-fn compile_all(arch: &str, sources: &[(&'static str, &'static str)]) -> Result<Vec<Ptx>> {
+/// PTX of every `(file, source)`, in order, compiled for `arch` side by side (NVRTC is CPU work and
+/// the files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
+fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
     // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`).
-    let compile = |file: &str, src: &str| {
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
-            name: Some(file.into()),
-            ..Default::default()
-        };
-        compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
-            .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
-    };
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sources.len());
-    let next = AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<Ptx>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(file, src)) = sources.get(i) else { return mine };
-                        mine.push((i, compile(file, src)));
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-    });
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, ptx)| ptx).collect()
+    sources
+        .par_iter()
+        .map(|&(file, src)| {
+            let opts = CompileOptions {
+                options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
+                name: Some(file.into()),
+                ..Default::default()
+            };
+            compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
+                .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
+        })
+        .collect()
 }
 
 fn load(ctx: &Arc<CudaContext>, file: &str, ptx: Ptx) -> Result<Arc<CudaModule>> {
