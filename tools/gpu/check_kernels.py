@@ -16,14 +16,18 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 OPTIONS = ["--gpu-architecture=sm_90", "--std=c++17", "-default-device"]
 
 
-def find_nvrtc(explicit=None):
-    if explicit:
-        return explicit
+def find_in_wheels(pattern, wheel):
+    """The first file matching nvidia/cu*/`pattern` under sys.path (where NVIDIA's PyPI wheels
+    unpack), or an exit naming the wheel to install."""
     for base in sys.path:
-        hits = sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "lib", "libnvrtc.so.*")))
+        hits = sorted(glob.glob(os.path.join(base, "nvidia", "cu*", pattern)))
         if hits:
             return hits[0]
-    sys.exit("check_kernels: libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+    sys.exit(f"{os.path.basename(sys.argv[0])}: nvidia/cu*/{pattern} not found (pip install {wheel})")
+
+
+def find_nvrtc(explicit=None):
+    return explicit or find_in_wheels(os.path.join("lib", "libnvrtc.so.*"), "nvidia-cuda-nvrtc")
 
 
 def load_nvrtc(path):

@@ -13,22 +13,13 @@ usage: PYTHONPATH=target/nvrtc:target/nvdisasm tools/gpu/kernel_sass.py FILE.cu 
 """
 import collections
 import ctypes
-import glob
 import os
 import re
 import subprocess
 import sys
 import tempfile
 
-from check_kernels import ROOT, compile_kernel_file, find_nvrtc, load_nvrtc
-
-
-def find_nvdisasm():
-    for base in sys.path:
-        hits = sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "nvdisasm")))
-        if hits:
-            return hits[0]
-    sys.exit("kernel_sass: nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+from check_kernels import ROOT, compile_kernel_file, find_in_wheels, find_nvrtc, load_nvrtc
 
 
 def cubin(lib, path):
@@ -52,7 +43,8 @@ def main():
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(binary)
         f.flush()
-        sass = subprocess.run([find_nvdisasm(), "-c", f.name], check=True, capture_output=True, text=True).stdout
+        nvdisasm = find_in_wheels(os.path.join("bin", "nvdisasm"), "nvidia-cuda-nvdisasm")
+        sass = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
     # Sections ".text.<kernel>:" hold each kernel's instructions.
     kernels = collections.OrderedDict()
     name = None
