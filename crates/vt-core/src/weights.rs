@@ -101,9 +101,12 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    pub fn new(backend: &B, weight: Weight<B>) -> Self {
+    /// Validates the weight first (`Weight::validate`): kernels read codes and scales as the
+    /// shapes say, so a malformed NVFP4 weight would send them past its scales.
+    pub fn new(backend: &B, weight: Weight<B>) -> Result<Self> {
+        weight.validate("linear weight")?;
         let resident = ResidentSlot::new(backend, weight.storage_addr(backend));
-        Linear { weight, resident }
+        Ok(Linear { weight, resident })
     }
 
     pub fn out_features(&self) -> usize {

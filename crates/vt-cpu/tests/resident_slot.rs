@@ -56,7 +56,7 @@ struct Layer {
 
 impl Layer {
     fn new(b: &CpuBackend) -> Layer {
-        let weight = Linear::new(b, Weight::Dense(bf16_tensor(b, &[EXPERTS, HIDDEN], 7)));
+        let weight = Linear::new(b, Weight::Dense(bf16_tensor(b, &[EXPERTS, HIDDEN], 7))).unwrap();
         let router =
             Router { weight, kind: RouterKind::Softmax { top_k: 2, renormalize: true }, correction_bias: None };
         let x: Vec<f32> = (0..TOKENS * HIDDEN).map(|i| ((i * 37 % 23) as f32 - 11.0) / 8.0).collect();

@@ -1,6 +1,6 @@
 //! Ops given tensors whose shapes disagree return an error naming the shapes; they never panic.
 
-use vt_core::{AttentionParams, Backend, GdnInputs, GdnMode, Linear, NormKind, Weight};
+use vt_core::{AttentionParams, Backend, DType, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
 use vt_cpu::CpuBackend;
 
 fn zeros(b: &CpuBackend, shape: &[usize]) -> vt_core::Tensor<CpuBackend> {
@@ -33,9 +33,28 @@ fn attention_linear_and_norm_reject_mismatched_inputs() {
     // Three query heads cannot share two key/value heads.
     let err = b.attention(&zeros(&b, &[1, 3, 8]), &zeros(&b, &[1, 2, 8]), &zeros(&b, &[1, 2, 8]), &mut cache, &params);
     assert!(err.unwrap_err().to_string().contains("[1, 3, 8]"));
-    let w = Linear::new(&b, Weight::Dense(zeros(&b, &[6, 5])));
+    let w = Linear::new(&b, Weight::Dense(zeros(&b, &[6, 5]))).unwrap();
     let err = b.linear(&zeros(&b, &[2, 4]), &w).unwrap_err().to_string();
     assert!(err.contains("[2, 4]") && err.contains("[6, 5]"), "{err}");
     let err = b.rms_norm(&zeros(&b, &[2, 4]), &zeros(&b, &[5]), 1e-6, NormKind::Plain).unwrap_err().to_string();
     assert!(err.contains("rms_norm"), "{err}");
+}
+
+#[test]
+fn linear_refuses_malformed_nvfp4_weights() {
+    let b = CpuBackend::new();
+    let nvfp4 = |k: usize, scale_cols: usize, global: f32| {
+        let codes = b.upload(DType::F4x2, &[2, k], &vec![0x11; k]).unwrap();
+        let scales = b.upload(DType::F8E4M3, &[2, scale_cols], &vec![0x38; 2 * scale_cols]).unwrap();
+        Weight::Nvfp4(Nvfp4 { codes, scales, global_scale: global })
+    };
+    // Kernels read a row's scales as k / 16 whole groups: a partial group, a scale table of the
+    // wrong width or a non-finite global multiplier is refused before any op sees the weight.
+    for (k, cols, global, want) in
+        [(72, 4, 1.0, "72 is not a multiple of 16"), (64, 3, 1.0, "[2, 3]"), (64, 4, f32::NAN, "NaN")]
+    {
+        let err = Linear::new(&b, nvfp4(k, cols, global)).err().expect("malformed NVFP4 refused").to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    assert!(Linear::new(&b, nvfp4(64, 4, 1.0)).is_ok());
 }

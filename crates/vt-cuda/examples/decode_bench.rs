@@ -88,16 +88,16 @@ impl MoeLayer {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let lin = |n, k, s| Ok::<_, vt_core::Error>(Linear::new(b, weight(b, fp4, n, k, s)?));
+        let lin = |n, k, s| Linear::new(b, weight(b, fp4, n, k, s)?);
         Ok(MoeLayer {
             router: Router {
-                weight: Linear::new(b, weight(b, false, EXPERTS, H, seed ^ 0xabc)?),
+                weight: Linear::new(b, weight(b, false, EXPERTS, H, seed ^ 0xabc)?)?,
                 kind: RouterKind::Softmax { top_k: TOP_K, renormalize: true },
                 correction_bias: None,
             },
             experts: MoeExperts::new(b, "experts", experts, H, INTER)?,
             shared: [lin(INTER, H, seed ^ 7)?, lin(INTER, H, seed ^ 8)?, lin(H, INTER, seed ^ 9)?],
-            gate: Linear::new(b, weight(b, false, 1, H, seed ^ 10)?),
+            gate: Linear::new(b, weight(b, false, 1, H, seed ^ 10)?)?,
         })
     }
 
@@ -201,8 +201,7 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
     ] {
         let bytes = (n * k) as f64 * bytes_per_weight(fp4);
         let copies = ((256e6 / bytes).ceil() as usize).max(1);
-        let ws =
-            (0..copies as u64).map(|s| Ok(Linear::new(b, weight(b, fp4, n, k, s)?))).collect::<Result<Vec<_>>>()?;
+        let ws = (0..copies as u64).map(|s| Linear::new(b, weight(b, fp4, n, k, s)?)).collect::<Result<Vec<_>>>()?;
         let x = b.random(DType::BF16, &[t, k], 9, 1.0)?;
         let fmt = if fp4 { "nvfp4" } else { "bf16" };
         let time = b.time_queued(100, 30.0, |i| b.linear(&x, &ws[i % copies]).map(|_| ()))?;

@@ -76,7 +76,7 @@ fn rates(b: &CudaBackend, pool: &Pool) -> Result<Rates> {
     let ms = b.time_ms(runs().0, runs().1, || b.slice_rows(&x, 0, rows).map(drop))?;
     let copy = 2.0 * (rows * 1024 * 2) as f64 / (ms as f64 * 1e-3);
     let n = 8192;
-    let (a, w) = (pool.tensor(b, &[n, n], 2, 1.0)?, Linear::new(b, Weight::Dense(pool.tensor(b, &[n, n], 3, 0.01)?)));
+    let (a, w) = (pool.tensor(b, &[n, n], 2, 1.0)?, Linear::new(b, Weight::Dense(pool.tensor(b, &[n, n], 3, 0.01)?))?);
     let ms = b.time_ms(runs().0, runs().1, || b.linear(&a, &w).map(drop))?;
     let gemm = 2.0 * (n as f64).powi(3) / (ms as f64 * 1e-3);
     Ok(Rates { copy, gemm })
@@ -114,7 +114,7 @@ fn moe(b: &CudaBackend, pool: &Pool, out: &std::path::Path, nvfp4_experts: bool)
         .map_err(|e| vt_core::Error::backend("bench", e.to_string()))?;
     let x = b.upload(DType::BF16, &[t, h], &x_bytes)?;
     let router = Router {
-        weight: Linear::new(b, Weight::Dense(b.upload(DType::BF16, &[n_exp, h], &r_bytes)?)),
+        weight: Linear::new(b, Weight::Dense(b.upload(DType::BF16, &[n_exp, h], &r_bytes)?))?,
         kind: RouterKind::Softmax { top_k, renormalize: true },
         correction_bias: None,
     };
@@ -165,8 +165,8 @@ fn nvfp4(b: &CudaBackend, n: usize, k: usize, seed: u64) -> Result<Weight<CudaBa
 /// The NVFP4 linear (W4A16 tensor-core kernel) at `[t, k] x [n, k]^T` beside cuBLASLt's bf16 GEMM of
 /// the same shape, same input.
 fn nvfp4_linear(b: &CudaBackend, pool: &Pool, t: usize, n: usize, k: usize) -> Result<[Row; 2]> {
-    let w4 = Linear::new(b, nvfp4(b, n, k, (n * k) as u64)?);
-    let dense = Linear::new(b, Weight::Dense(pool.tensor(b, &[n, k], 41, 1.0 / (k as f32).sqrt())?));
+    let w4 = Linear::new(b, nvfp4(b, n, k, (n * k) as u64)?)?;
+    let dense = Linear::new(b, Weight::Dense(pool.tensor(b, &[n, k], 41, 1.0 / (k as f32).sqrt())?))?;
     let x = pool.tensor(b, &[t, k], 40, 1.0)?;
     let flops = 2.0 * (t * n * k) as f64;
     let ms4 = b.time_ms(runs().0, runs().1, || b.linear(&x, &w4).map(drop))?;

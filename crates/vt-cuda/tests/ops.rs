@@ -230,12 +230,19 @@ fn linear_every_weight_format() {
     let gpu = &cuda();
     let mut r = Rng(0xfeed);
     // Aligned shapes go to cuBLASLt, the rest (n = 1, 6: per-head gates) to the simple kernel.
+    // NVFP4 needs whole 16-input scale groups: Linear::new refuses k = 72.
     for (n, k) in [(96, 64), (307, 160), (24, 512), (1, 72), (6, 80)] {
-        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
+        if k % 16 != 0 {
+            let err =
+                Linear::new(gpu, HostWeight::nvfp4(&mut r, n, k).upload(gpu)).err().expect("NVFP4 k = 72 refused");
+            assert!(err.to_string().contains("72"), "{err}");
+        }
+        let nvfp4 = (k % 16 == 0).then(|| HostWeight::nvfp4(&mut r, n, k));
+        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k)].into_iter().chain(nvfp4) {
             for t in [1, 37, 111] {
                 let x = r.vec(t * k, 2.0);
                 on_both!(gpu, &format!("linear {} [{n}, {k}] t={t}", hw.name()), U, |b| {
-                    let lin = Linear::new(b, hw.upload(b));
+                    let lin = Linear::new(b, hw.upload(b)).unwrap();
                     out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
                 });
             }
@@ -326,7 +333,7 @@ fn host_experts(r: &mut Rng, format: &str, n_exp: usize, h: usize, inter: usize)
 fn router<B: Backend>(b: &B, weight: &HostWeight, kind: &RouterKind, bias: &[f32]) -> Router<B> {
     let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
     Router {
-        weight: Linear::new(b, weight.upload(b)),
+        weight: Linear::new(b, weight.upload(b)).unwrap(),
         kind: kind.clone(),
         correction_bias: sigmoid.then(|| small(b, bias)),
     }
@@ -376,8 +383,11 @@ fn moe_grouped_prefill() {
             // their own table. Measured on a second layer, after the first has set up what the
             // backend keeps for itself.
             let b = &cuda();
-            let router =
-                Router { weight: Linear::new(b, router_w.upload(b)), kind: kinds[0].clone(), correction_bias: None };
+            let router = Router {
+                weight: Linear::new(b, router_w.upload(b)).unwrap(),
+                kind: kinds[0].clone(),
+                correction_bias: None,
+            };
             let xg = act(b, &[t, h], &x);
             drop(b.moe(&xg, &router, &upload_experts(b, &experts, h, inter)).unwrap());
             let moe = upload_experts(b, &experts, h, inter);
@@ -470,10 +480,10 @@ fn linear_nvfp4_prefill_tensor_cores() {
             let x = r.vec(t * k, 2.0);
             let cpu = {
                 let b = &CpuBackend::new();
-                out(b, &b.linear(&act(b, &[t, k], &x), &Linear::new(b, hw.upload(b))).unwrap())
+                out(b, &b.linear(&act(b, &[t, k], &x), &Linear::new(b, hw.upload(b)).unwrap()).unwrap())
             };
             let b = dev;
-            let lin = Linear::new(b, hw.upload(b));
+            let lin = Linear::new(b, hw.upload(b)).unwrap();
             let xg = act(b, &[t, k], &x);
             let gpu = out(b, &b.linear(&xg, &lin).unwrap());
             assert!(!lin.resident.is_empty(), "the repacked weight lives in the Linear's resident slot");
@@ -505,7 +515,7 @@ fn linear_decode_gemv_few_tokens() {
             for t in [1, 3, 8] {
                 let x = r.vec(t * k, 2.0);
                 on_both!(gpu, &format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
-                    let lin = Linear::new(b, hw.upload(b));
+                    let lin = Linear::new(b, hw.upload(b)).unwrap();
                     out(b, &b.linear(&act(b, &[t, k], &x), &lin).unwrap())
                 });
             }
@@ -526,7 +536,7 @@ fn linear_many_shares_one_pass_over_the_input() {
         for t in [1, 5] {
             let x = r.vec(t * k, 2.0);
             on_both!(gpu, &format!("linear_many {group} t={t}"), U, |b| {
-                let lins: Vec<_> = ws.iter().map(|w| Linear::new(b, w.upload(b))).collect();
+                let lins: Vec<_> = ws.iter().map(|w| Linear::new(b, w.upload(b)).unwrap()).collect();
                 let ys = b.linear_many(&act(b, &[t, k], &x), &lins.iter().collect::<Vec<_>>()).unwrap();
                 assert_eq!(ys.len(), ws.len());
                 ys.iter().flat_map(|y| out(b, y)).collect::<Vec<_>>()
@@ -566,12 +576,12 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
                         let moe = upload_experts(b, &experts, h, inter);
                         let sigmoid = matches!(kind, RouterKind::Sigmoid { .. });
                         let router = Router {
-                            weight: Linear::new(b, router_w.upload(b)),
+                            weight: Linear::new(b, router_w.upload(b)).unwrap(),
                             kind: kind.clone(),
                             correction_bias: sigmoid.then(|| small(b, &bias)),
                         };
-                        let [sg, su, sd] = shared.each_ref().map(|w| Linear::new(b, w.upload(b)));
-                        let sgate = Linear::new(b, gate_w.upload(b));
+                        let [sg, su, sd] = shared.each_ref().map(|w| Linear::new(b, w.upload(b)).unwrap());
+                        let sgate = Linear::new(b, gate_w.upload(b)).unwrap();
                         let se = SharedExpert { gate: &sg, up: &su, down: &sd, gate_proj: Some(&sgate) };
                         let se = match shared_kind {
                             "none" => None,

@@ -166,7 +166,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     pub fn linear(&self, base: &str, out: usize, inp: usize) -> Result<Linear<B>> {
-        Ok(Linear::new(self.backend, self.weight(base, out, inp)?))
+        Linear::new(self.backend, self.weight(base, out, inp)?)
     }
 
     /// Routed experts stored per expert (`{base}.{e}.gate_proj.weight`, ...) or stacked
