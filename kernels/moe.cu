@@ -14,12 +14,14 @@ __device__ int take_max(const float* v, unsigned char* taken, int n) {
     return best;
 }
 
-// One block per token (256 threads). kind 0 = softmax (renorm), 1 = sigmoid (softcap > 0 applies
-// c * tanh(l / c); bias added for selection only; weights times routed_scaling).
+// One block per token (256 threads), any number of experts: for finite logits, the choices of
+// route_warp (common.cuh), which the faster paths take for up to 512 experts.
 // Dynamic shared memory: (hidden + 2 * n_exp) floats + n_exp bytes.
-extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, int n_exp, int top_k, int kind,
-                                     int renorm, float softcap, const void* bias, int bias_dt, float routed_scaling) {
+extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs ra) {
     extern __shared__ float sh[];
+    int n_exp = ra.n_exp, top_k = ra.top_k, kind = ra.kind;
+    float softcap = ra.softcap;
+    const void* bias = (const void*)ra.bias;
     int hidden = router.k;
     float *xs = sh, *score = sh + hidden, *choice = score + n_exp;
     unsigned char* taken = (unsigned char*)(choice + n_exp);
@@ -43,14 +45,14 @@ extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, We
         for (int e = 0; e < n_exp; e++) {
             float l = softcap > 0.0f ? softcap * tanhf(score[e] / softcap) : score[e];
             score[e] = sigmoidf(l);
-            choice[e] = score[e] + (bias ? ld(bias, bias_dt, e) : 0.0f);
+            choice[e] = score[e] + (bias ? ld(bias, ra.bias_dt, e) : 0.0f);
         }
     }
     int chosen[MOE_MAX_K];
     float norm = 0.0f;
     for (int s = 0; s < top_k; s++) { chosen[s] = take_max(choice, taken, n_exp); norm += score[chosen[s]]; }
-    if (!renorm) norm = 1.0f;
-    float mul = kind == 0 ? 1.0f : routed_scaling;
+    if (!ra.renorm) norm = 1.0f;
+    float mul = kind == 0 ? 1.0f : ra.scaling;
     for (int s = 0; s < top_k; s++) {
         ids[tok * top_k + s] = chosen[s];
         weights[tok * top_k + s] = score[chosen[s]] / norm * mul;

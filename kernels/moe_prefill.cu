@@ -10,7 +10,6 @@
 // Rows of one expert land in arbitrary order within its range (atomics), but each row's result
 // depends only on its own inputs, so the output is deterministic.
 
-#define MP_MAX_PER_LANE 16  // experts per lane in routing: n_exp <= 512
 #define MP_BM 64            // slots per GEMM tile (the NVFP4 kernels take 128: w4a16.cu)
 #define MP_THREADS 128      // GEMM block: 2 x 2 warps of 32 x 64
 #define MP_BN 128           // weight rows per GEMM tile
@@ -18,79 +17,16 @@
 #define MP_STAGES 3         // 3 * (64 + 128) * 64 bf16 = 72 KiB of dynamic shared memory
 #define MP_CPR (MP_BK / 8)  // 16-byte chunks per tile row
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// One warp per token; same choices and weights as moe_route (moe.cu): kind 0 = softmax, 1 =
-// sigmoid (softcap > 0 applies c * tanh(l / c); bias for selection only; times routed_scaling).
-// Ties go to the lower expert index. Block: 256 threads (8 tokens).
-extern "C" __global__ void moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t, int n_exp, int top_k,
-                                             int kind, int renorm, float softcap, const void* bias, int bias_dt, float routed_scaling) {
+// One warp per token (route_warp): ids / weights [t, top_k] in rank order; counts[e] += the tokens
+// that chose e. Block: 256 threads (8 tokens).
+extern "C" __global__ void moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t, RouteArgs ra) {
     int tok = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (tok >= t) return;
-    const float* row = logits + (long long)tok * n_exp;
-    const float neg_inf = __int_as_float(0xff800000);
-    float score[MP_MAX_PER_LANE], choice[MP_MAX_PER_LANE];
-    bool taken[MP_MAX_PER_LANE];
-    float mx = neg_inf;
-#pragma unroll
-    for (int i = 0; i < MP_MAX_PER_LANE; i++) {
-        int e = lane + 32 * i;
-        score[i] = e < n_exp ? row[e] : neg_inf;
-        taken[i] = e >= n_exp;
-        mx = fmaxf(mx, score[i]);
-    }
-    if (kind == 0) {
-        mx = warp_max(mx);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MP_MAX_PER_LANE; i++) {
-            choice[i] = lane + 32 * i < n_exp ? expf(score[i] - mx) : 0.0f;
-            sum += choice[i];
-        }
-        sum = warp_sum(sum);
-#pragma unroll
-        for (int i = 0; i < MP_MAX_PER_LANE; i++) score[i] = choice[i] = choice[i] / sum;
-    } else {
-#pragma unroll
-        for (int i = 0; i < MP_MAX_PER_LANE; i++) {
-            int e = lane + 32 * i;
-            if (e >= n_exp) continue;
-            float l = softcap > 0.0f ? softcap * tanhf(score[i] / softcap) : score[i];
-            score[i] = sigmoidf(l);
-            choice[i] = score[i] + (bias ? ld(bias, bias_dt, e) : 0.0f);
-        }
-    }
-    int my_id = 0;
-    float my_score = 0.0f, norm = 0.0f;
-    for (int s = 0; s < top_k; s++) {
-        // This lane's best untaken expert, then the warp's: larger value, else lower index.
-        float bv = neg_inf;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < MP_MAX_PER_LANE; i++)
-            if (!taken[i] && (bi == 0x7fffffff || choice[i] > bv)) { bv = choice[i]; bi = lane + 32 * i; }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
-        }
-        float sc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MP_MAX_PER_LANE; i++)
-            if (lane + 32 * i == bi) { taken[i] = true; sc = score[i]; }
-        sc = __shfl_sync(0xffffffffu, sc, bi & 31);
-        norm += sc;
-        if (lane == s) { my_id = bi; my_score = sc; }
-    }
-    if (!renorm) norm = 1.0f;
-    float mul = kind == 0 ? 1.0f : routed_scaling;
-    if (lane < top_k) {
-        ids[(long long)tok * top_k + lane] = my_id;
-        weights[(long long)tok * top_k + lane] = my_score / norm * mul;
-        atomicAdd(&counts[my_id], 1);
+    Choice c = route_warp(logits + (long long)tok * ra.n_exp, ra);
+    if (lane < ra.top_k) {
+        ids[(long long)tok * ra.top_k + lane] = c.id;
+        weights[(long long)tok * ra.top_k + lane] = c.w;
+        atomicAdd(&counts[c.id], 1);
     }
 }
 

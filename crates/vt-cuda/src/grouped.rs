@@ -13,11 +13,10 @@ use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 
 use crate::alloc::driver_err;
-use crate::backend::{act, err, grid1, i32_of, launched, MAX_TOP_K};
+use crate::backend::{act, grid1, i32_of, launched, MAX_TOP_K};
 use crate::kernels::allow_shared;
-use crate::moe::{build_table, router_args};
+use crate::moe::{build_table, RouteArgs};
 use crate::w4a16;
-use crate::weight::float_code;
 use crate::CudaBackend;
 
 /// `MP_BM`, `MP_BN`, `MP_THREADS`, `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 and
@@ -70,12 +69,7 @@ pub(crate) fn moe(
     let (h, inter, n_exp, top_k) = (experts.hidden, experts.intermediate, experts.experts.len(), router.kind.top_k());
     let (t, px) = (x.rows(), act(x, op)?);
     let slots = t * top_k;
-    let (kind, renorm, softcap, scaling) = router_args(&router.kind)?;
-    let (bias, bias_dt) = match &router.correction_bias {
-        Some(c) if c.numel() == n_exp => (c.buffer().ptr(), float_code(c, op)?),
-        Some(c) => return Err(err(format!("{op}: correction bias {:?} for {n_exp} experts", c.shape()))),
-        None => (0u64, 0i32),
-    };
+    let ra = RouteArgs::new(router, n_exp, op)?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
     // NVFP4 experts run the W4A16 kernels over the repacked copies, with the same arguments.
     let (table, gate_up, down, threads, shared, tile_rows) = if is_nvfp4(&experts.experts[0].gate) {
@@ -130,24 +124,12 @@ pub(crate) fn moe(
     );
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_route);
-    l.arg(&pids)
-        .arg(&pw)
-        .arg(&pcnt)
-        .arg(&plog)
-        .arg(&ti)
-        .arg(&ne)
-        .arg(&tk)
-        .arg(&kind)
-        .arg(&renorm)
-        .arg(&softcap)
-        .arg(&bias)
-        .arg(&bias_dt)
-        .arg(&scaling);
+    l.arg(&pids).arg(&pw).arg(&pcnt).arg(&plog).arg(&ti).arg(&ra);
     let cfg = LaunchConfig { grid_dim: (t.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t,
-    // int n_exp, int top_k, int kind, int renorm, float softcap, const void* bias, int bias_dt,
-    // float scaling): one warp per token; logits [t, n_exp] with n_exp <= 512, ids/weights
-    // t * top_k with top_k <= 32, counts n_exp zeroed ints, bias null or n_exp values.
+    // RouteArgs ra): one warp per token; logits [t, n_exp] with n_exp <= 512, ids/weights
+    // t * top_k with top_k <= 32 (fits), counts n_exp zeroed ints, ra's bias null or n_exp values
+    // (RouteArgs::new).
     launched(unsafe { l.launch(cfg) }, "moe_prefill_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_plan);

@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor};
 
 use crate::alloc::CudaBuffer;
@@ -61,18 +61,59 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
     Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
 
-/// The routing kernel's `kind`, renormalisation, softcap and scaling for a router.
-pub(crate) fn router_args(kind: &RouterKind) -> Result<(i32, i32, f32, f32)> {
-    Ok(match *kind {
-        RouterKind::Softmax { renormalize, .. } => (0, renormalize as i32, 0.0, 1.0),
-        RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => {
-            let cap = softcap.unwrap_or(0.0);
-            if softcap.is_some_and(|c| c.is_nan() || c <= 0.0) {
-                return Err(Error::backend("cuda", format!("moe: router softcap {cap} must be positive")));
+/// `struct RouteArgs` of kernels/common.cuh: how a router's logits become choices (every MoE
+/// path's routing kernel takes it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RouteArgs {
+    bias: u64,
+    bias_dt: i32,
+    kind: i32,
+    renorm: i32,
+    top_k: i32,
+    n_exp: i32,
+    softcap: f32,
+    scaling: f32,
+    pad: i32,
+}
+
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (u64, 6 x 4-byte fields, pad: 40
+// bytes, 8-byte aligned, no implicit padding).
+unsafe impl DeviceRepr for RouteArgs {}
+
+impl RouteArgs {
+    /// `router`'s routing over `n_exp` experts; `op` names the errors (a non-positive softcap, a
+    /// correction bias of the wrong size).
+    pub(crate) fn new(router: &Router<CudaBackend>, n_exp: usize, op: &str) -> Result<Self> {
+        let (kind, renorm, softcap, scaling) = match router.kind {
+            RouterKind::Softmax { renormalize, .. } => (0, renormalize, 0.0, 1.0),
+            RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => {
+                let cap = softcap.unwrap_or(0.0);
+                check(!softcap.is_some_and(|c| c.is_nan() || c <= 0.0), op, || {
+                    format!("router softcap {cap} must be positive")
+                })?;
+                (1, renormalize, cap, routed_scaling)
             }
-            (1, renormalize as i32, cap, routed_scaling)
-        }
-    })
+        };
+        let (bias, bias_dt) = match &router.correction_bias {
+            Some(c) => {
+                check(c.numel() == n_exp, op, || format!("correction bias {:?} for {n_exp} experts", c.shape()))?;
+                (c.buffer().ptr(), float_code(c, op)?)
+            }
+            None => (0, 0),
+        };
+        Ok(RouteArgs {
+            bias,
+            bias_dt,
+            kind,
+            renorm: renorm as i32,
+            top_k: i32_of(router.kind.top_k(), "top-k")?,
+            n_exp: i32_of(n_exp, "experts")?,
+            softcap,
+            scaling,
+            pad: 0,
+        })
+    }
 }
 
 pub(crate) fn moe(
@@ -99,14 +140,7 @@ pub(crate) fn moe(
         op,
         || format!("hidden {h}, intermediate {inter}, {n_exp} experts exceed the simple kernels' limits"),
     )?;
-    let (kind, renorm, softcap, scaling) = router_args(&router.kind)?;
-    let (bias, bias_dt) = match &router.correction_bias {
-        Some(t) => {
-            check(t.numel() == n_exp, op, || format!("correction bias {:?} for {n_exp} experts", t.shape()))?;
-            (t.buffer().ptr(), float_code(t, op)?)
-        }
-        None => (0u64, 0i32),
-    };
+    let ra = RouteArgs::new(router, n_exp, op)?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
     let px = act(x, op)?;
     let t = x.rows();
@@ -116,29 +150,16 @@ pub(crate) fn moe(
     let out = b.empty(DType::BF16, x.shape())?;
     let (pids, pw, pact, py, pout, ptab) =
         (ids.ptr(), weights.ptr(), actv.ptr(), y.ptr(), out.buffer().ptr(), table.table.ptr());
-    let (ne, tk, ii, hi) =
-        (i32_of(n_exp, "experts")?, top_k as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
+    let (tk, ii, hi) = (top_k as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
     let rdesc = WeightDesc::of(&router.weight.weight, op)?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_route);
-    l.arg(&pids)
-        .arg(&pw)
-        .arg(&px)
-        .arg(&rdesc)
-        .arg(&ne)
-        .arg(&tk)
-        .arg(&kind)
-        .arg(&renorm)
-        .arg(&softcap)
-        .arg(&bias)
-        .arg(&bias_dt)
-        .arg(&scaling);
+    l.arg(&pids).arg(&pw).arg(&px).arg(&rdesc).arg(&ra);
     let cfg =
         LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: route_shared as u32 };
-    // SAFETY: moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, int n_exp,
-    // int top_k, int kind, int renorm, float softcap, const void* bias, int bias_dt, float
-    // scaling): one block per token, shared memory as computed; ids/weights hold t * top_k, the
-    // router is [n_exp, h] (checked), bias is null or n_exp values.
+    // SAFETY: moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs
+    // ra): one block per token, shared memory as computed; ids/weights hold t * top_k, the
+    // router is [n_exp, h] (checked), ra's bias is null or n_exp values (RouteArgs::new).
     launched(unsafe { l.launch(cfg) }, "moe_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_gate_up);

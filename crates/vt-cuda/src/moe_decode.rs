@@ -13,35 +13,16 @@ use crate::backend::{act, i32_of};
 use crate::gemv::{self, MAX_T};
 use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
-use crate::moe::{build_table, router_args};
-use crate::weight::{float_code, WeightDesc};
+use crate::moe::{build_table, RouteArgs};
+use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// `MOE_DEC_MAX_EXP`, `MOE_DEC_MAX_K` of kernels/gemv.cu.
+/// `ROUTE_MAX_EXP`, `ROUTE_MAX_K` of kernels/common.cuh.
 const MAX_EXPERTS: usize = 512;
 const MAX_K: usize = 32;
-/// Dynamic shared memory the down kernel may stage a token's activations in, leaving room for its
-/// static descriptor table within the SM's 227 KiB.
-const MAX_STAGED: usize = 192 << 10;
-
-/// `struct RouteArgs` of kernels/gemv.cu.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct RouteArgs {
-    bias: u64,
-    bias_dt: i32,
-    kind: i32,
-    renorm: i32,
-    top_k: i32,
-    n_exp: i32,
-    softcap: f32,
-    scaling: f32,
-    pad: i32,
-}
-
-// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (u64, 6 x 4-byte fields, pad: 40
-// bytes, 8-byte aligned, no implicit padding).
-unsafe impl DeviceRepr for RouteArgs {}
+/// Dynamic shared memory a down block may stage its tokens' activations in: two bf16 blocks
+/// (NVFP4: one) and their static descriptor tables fit an SM's 227 KiB.
+const MAX_STAGED: usize = 96 << 10;
 
 /// `struct SharedDesc` of kernels/gemv.cu.
 #[repr(C)]
@@ -104,19 +85,12 @@ pub(crate) fn moe_block(
         && (1..=MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
-        && 4 * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
+        && 4 * t.min(2) * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
     let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
     let px = act(x, "moe_block")?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
 
-    let (kind, renorm, softcap, scaling) = router_args(&router.kind)?;
-    let (bias, bias_dt) = match &router.correction_bias {
-        Some(c) if c.numel() == n_exp => (c.buffer().ptr(), float_code(c, "moe_block")?),
-        Some(c) => return Err(crate::backend::err(format!("moe_block: correction bias {:?}", c.shape()))),
-        None => (0, 0),
-    };
-    let ra =
-        RouteArgs { bias, bias_dt, kind, renorm, top_k: top_k as i32, n_exp: n_exp as i32, softcap, scaling, pad: 0 };
+    let ra = RouteArgs::new(router, n_exp, "moe_block")?;
     let router_desc = WeightDesc::of(&router.weight.weight, "moe_block")?;
     let sh = match shared {
         Some(s) => SharedDesc {
@@ -130,71 +104,55 @@ pub(crate) fn moe_block(
     };
     let slots = top_k + sh.present as usize;
 
-    // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0),
-    // then logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
-    let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
-    let scratch = b.buffer(4 * (n_act + n_logits + 2 * n_slots))?;
+    // One scratch block: act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0), then
+    // the logits [t, n_exp + 1] f32 (the last column the shared expert's gate).
+    let (n_act, n_logits) = (t * slots * inter, t * (n_exp + 1));
+    let scratch = b.buffer(4 * (n_act + n_logits))?;
     let p_act = scratch.ptr();
     let p_logits = p_act + 4 * n_act as u64;
-    let p_ids = p_logits + 4 * n_logits as u64;
-    let p_w = p_ids + 4 * n_slots as u64;
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
-    let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
-    let hi = i32_of(h, "hidden")?;
+    let (ti, si, ii, hi) = (t as i32, slots as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
 
     let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
     if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
         return Err(crate::backend::err("moe_block: the GEMV kernel declined the router's logits"));
     }
 
-    let mut l = Overlapped::new(b, &b.k().moe_dec_route);
-    l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
-    // A thread per expert: ranking compares each expert with all others, so its time goes with
-    // the experts per thread.
-    let threads = (n_exp.div_ceil(32) * 32).clamp(128, MAX_EXPERTS) as u32;
-    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a block per token of 128..=512 threads (whole warps); logits
-    // [t, n_exp + 1] written by the previous kernel on this stream; slot ids and weights hold
-    // t * slots each; n_exp <= 512, top_k <= 32.
-    unsafe { l.launch(cfg, "moe_dec_route")? };
-
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
     let mut l = Overlapped::new(b, gate_up);
-    l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
+    l.arg(&p_act).arg(&p_logits).arg(&ra).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(2) as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
-    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of 128 threads; slot
-    // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
-    // 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names, as
-    // are the shared expert's (checked); act holds t * slots * inter floats.
+    // SAFETY: moe_dec_gate_up_*(float* act, const float* logits, RouteArgs ra, const bf16* x,
+    // const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of
+    // 128 threads; logits [t, n_exp + 1] written by the previous kernel on this stream, n_exp <=
+    // 512 and top_k <= 32 (checked), ra's bias null or n_exp values (RouteArgs::new); the table
+    // has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names,
+    // as are the shared expert's (checked); act holds t * slots * inter floats.
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
-    // output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in dynamic
-    // shared memory.
+    // output items (NVFP4 items are 4 rows, bf16 items 1) and at least t, so that a block's items
+    // span at most two tokens, whose activations it stages in dynamic shared memory.
     let (per_item, per_sm) = if fp4 { (4, 1) } else { (1, 2) };
-    let staged = 4 * slots * inter;
-    let cfg = LaunchConfig {
-        grid_dim: ((t * h / per_item).min(per_sm * b.k().sm_count).max(1) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: staged as u32,
-    };
+    let staged = 4 * t.min(2) * slots * inter;
+    let blocks = (t * h / per_item).min(per_sm * b.k().sm_count).max(t);
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: staged as u32 };
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
     allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
-    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
-    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-    // const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads
-    // a block, slots * inter floats of dynamic shared memory (allowed above); slot ids are experts
-    // < n_exp or -1 for the shared expert (written on this stream before); act holds
-    // t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its gate/up rows
-    // are whole 32-code chunks).
+    l.arg(&p_out).arg(&p_act).arg(&p_logits).arg(&ra).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
+    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const float* logits, RouteArgs ra, const
+    // WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads (8
+    // warps: t <= 8 tokens routed, one a warp) in at least t blocks, min(t, 2) * slots * inter
+    // floats of dynamic shared memory (allowed above); logits as for the gate/up kernel, which
+    // waited for them before this kernel could start; act holds t * slots * inter floats (written
+    // by the previous kernel on this stream); out t * h values (h a multiple of 4 for NVFP4: its
+    // gate/up rows are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }
