@@ -212,7 +212,8 @@ __device__ __forceinline__ int ascending_slot(Choice c, int top_k) {
 
 // The expert in slot s < top_k, on every lane.
 __device__ __forceinline__ int slot_expert(Choice c, int s, int top_k) {
-    unsigned owner = __ballot_sync(0xffffffffu, (int)(threadIdx.x & 31) < top_k && ascending_slot(c, top_k) == s);
+    int pos = ascending_slot(c, top_k);  // on every lane: its shuffles name the whole warp
+    unsigned owner = __ballot_sync(0xffffffffu, (int)(threadIdx.x & 31) < top_k && pos == s);
     return __shfl_sync(0xffffffffu, c.id, __ffs(owner) - 1);
 }
 
