@@ -6,10 +6,9 @@
 // - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
 //   weights that share the input in one launch (a mixer's projections; a MoE block's router and
 //   shared-expert gate, as f32 logits).
-// - moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens, two launches
-//   after its logits: fused SwiGLU of every chosen expert and the shared expert; down projections
-//   + weighted combine. Each routes the tokens again from the logits (route_warp, common.cuh),
-//   which costs less than a routing kernel between them.
+// - moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens,
+//   three launches after its logits: routing (a block per token); fused SwiGLU of every chosen
+//   expert and the shared expert; down projections + weighted combine.
 //   No host synchronisation: expert ids never leave the device; the expert table is the
 //   MoeExperts' resident WeightDesc array (gate, up, down of expert e at 3e, 3e + 1, 3e + 2).
 
@@ -202,24 +201,109 @@ struct SharedDesc {
     int gated;
 };
 
-// The slot of a choice of route_warp: its place in ascending expert order among the token's top_k
-// (vt-cpu combines a token's experts in that order). Every lane calls it.
-__device__ __forceinline__ int ascending_slot(Choice c, int top_k) {
-    int pos = 0;
-    for (int r = 0; r < top_k; r++) pos += __shfl_sync(0xffffffffu, c.id, r) < c.id;
-    return pos;
+// Shared memory of route_token.
+struct __align__(16) RouteScratch {
+    float choice[ROUTE_MAX_EXP];
+    float score[ROUTE_MAX_EXP];
+    float top_score[ROUTE_MAX_K];
+    int top_id[ROUTE_MAX_K];
+    float red[32];
+};
+
+// Max (or sum) over the block of one value per thread; every thread gets the result.
+template <bool MAX> __device__ float block_reduce(float v, float* red) {
+    v = MAX ? warp_max(v) : warp_sum(v);
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : (MAX ? __int_as_float(0xff800000) : 0.0f);
+    return MAX ? warp_max(v) : warp_sum(v);
 }
 
-// The expert in slot s < top_k, on every lane.
-__device__ __forceinline__ int slot_expert(Choice c, int s, int top_k) {
-    int pos = ascending_slot(c, top_k);  // on every lane: its shuffles name the whole warp
-    unsigned owner = __ballot_sync(0xffffffffu, (int)(threadIdx.x & 31) < top_k && pos == s);
-    return __shfl_sync(0xffffffffu, c.id, __ffs(owner) - 1);
+// Routing of one token by the whole block, as vt-cpu's `route`: an expert's choice rank counts the
+// experts ahead of it (a higher choice value, or an equal one at a lower index); the normaliser
+// sums the chosen scores in rank order. Writes the k choices in ascending expert order (the
+// combine order) to ids/wts. n_exp <= ROUTE_MAX_EXP, top_k <= 32.
+__device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, float* wts, RouteScratch& rs) {
+    int n = ra.n_exp;
+    if (ra.kind == 0) {
+        float m = __int_as_float(0xff800000);
+        for (int e = threadIdx.x; e < n; e += blockDim.x) m = fmaxf(m, logits[e]);
+        m = block_reduce<true>(m, rs.red);
+        float sum = 0.0f;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float p = expf(logits[e] - m);
+            rs.score[e] = p;
+            sum += p;
+        }
+        sum = block_reduce<false>(sum, rs.red);
+        for (int e = threadIdx.x; e < n; e += blockDim.x) rs.choice[e] = rs.score[e] = rs.score[e] / sum;
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float l = logits[e];
+            if (ra.softcap > 0.0f) l = ra.softcap * tanhf(l / ra.softcap);
+            rs.score[e] = sigmoidf(l);
+            rs.choice[e] = rs.score[e] + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
+        }
+    }
+    // A NaN choice ranks last, so ranks stay a permutation and every chosen id is an expert; the
+    // padding to whole float4s ranks after every expert.
+    int n4 = (n + 3) & ~3;
+    for (int e = threadIdx.x; e < n4; e += blockDim.x)
+        if (e >= n || isnan(rs.choice[e])) rs.choice[e] = __int_as_float(0xff800000);
+    __syncthreads();
+    const float4* c4 = (const float4*)rs.choice;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        float c = rs.choice[e];
+        int rank = 0;
+        // Four choices per shared load, eight loads in flight: the loop is latency-bound otherwise.
+#pragma unroll 8
+        for (int f4 = 0; f4 < n4 / 4; f4++) {
+            float4 o = c4[f4];
+            int f = 4 * f4;
+            rank += (o.x > c || (o.x == c && f < e)) + (o.y > c || (o.y == c && f + 1 < e)) +
+                    (o.z > c || (o.z == c && f + 2 < e)) + (o.w > c || (o.w == c && f + 3 < e));
+        }
+        if (rank < ra.top_k) {
+            rs.top_id[rank] = e;
+            rs.top_score[rank] = rs.score[e];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float norm = 0.0f;
+        for (int r = 0; r < ra.top_k; r++) norm += rs.top_score[r];
+        rs.red[0] = norm;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < ra.top_k) {
+        int id = rs.top_id[threadIdx.x], pos = 0;
+        for (int r = 0; r < ra.top_k; r++) pos += rs.top_id[r] < id;
+        ids[pos] = id;
+        wts[pos] = rs.top_score[threadIdx.x] / (ra.renorm ? rs.red[0] : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
+    }
+    __syncthreads();
 }
 
-// The gate/up kernel's wait for the logits kernel, then its trigger: the down kernel, once
-// started, reads the logits (finished before any gate/up block got past its wait) before it waits
-// for the gate/up kernel.
+// Routing of token blockIdx.x: slot_ids / slot_w [t, slots] get its chosen experts in ascending
+// order, then -1 and the shared expert's multiplier when `slots` exceeds top_k. A thread per
+// expert (128 to 512 threads).
+extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
+    __shared__ RouteScratch rs;
+    grid_dep_begin();
+    int tok = blockIdx.x;
+    const float* lg = logits + (long long)tok * (ra.n_exp + 1);
+    route_token(lg, ra, slot_ids + tok * slots, slot_w + tok * slots, rs);
+    if (threadIdx.x == 0 && slots > ra.top_k) {
+        slot_ids[tok * slots + ra.top_k] = -1;
+        slot_w[tok * slots + ra.top_k] = gated ? sigmoidf(lg[ra.n_exp]) : 1.0f;
+    }
+}
+
+// The gate/up kernel's wait for the routing kernel, then its trigger: the down kernel, once
+// started, reads the routing (finished before any gate/up block got past its wait) before it
+// waits for the gate/up kernel.
 __device__ __forceinline__ void wait_then_trigger() {
     grid_dep_wait();
     grid_dep_trigger();
@@ -260,39 +344,36 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
     return warp_sum(acc) * F::scale(w);
 }
 
-// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot): slot s < top_k is the
-// token's s-th chosen expert in ascending order (its gate and up at table[3e], table[3e + 1]), slot
-// top_k the shared expert. Grid: (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1
-// take the gate and the up row of unit 2 * blockIdx.y + j. Each warp routes its token from the
-// logits [t, n_exp + 1] itself: no routing kernel between the logits and this one.
+// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
+// expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
+// (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1 take the gate and the up row of
+// unit 2 * blockIdx.y + j.
 template <bool FP4>
-__device__ void moe_dec_gate_up(float* act, const float* logits, const RouteArgs& ra, const bf16* x, const WeightDesc* table,
-                                const SharedDesc& sh, int slots, int inter) {
+__device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
+                                int slots, int inter) {
     __shared__ float up_dot[2];
-    int tok = blockIdx.x / slots, s = blockIdx.x % slots, warp = threadIdx.x >> 5, half = warp & 1;
+    int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
     int u = blockIdx.y * 2 + (warp >> 1);
+    // The shared expert's blocks (its slot is the last) know their rows without the routing: their
+    // first round of weights is in flight before they wait, while the routing kernel runs.
+    bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
+    if (!shared_slot) wait_then_trigger();
+    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     float d = 0.0f;
-    if (sh.present && s == slots - 1) {
-        // The shared expert's rows need no routing: their first round of weights is in flight
-        // before the wait, while the logits kernel runs.
-        if (u < inter) d = warp_dot<FP4>(half ? sh.up : sh.gate, u, x + (long long)tok * sh.gate.k, 0, sh.gate.k / Fmt<FP4>::ELEMS, true);
-        else wait_then_trigger();
-    } else {
+    if (u < inter) {
+        WeightDesc w = id >= 0 ? table[3 * id + half] : (half ? sh.up : sh.gate);
+        d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS, shared_slot);
+        if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
+    } else if (shared_slot) {
         wait_then_trigger();
-        if (u < inter) {
-            int e = slot_expert(route_warp(logits + (long long)tok * (ra.n_exp + 1), ra), s, ra.top_k);
-            WeightDesc w = table[3 * e + half];
-            d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS);
-        }
     }
-    if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
     __syncthreads();
     if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];
 }
 
 // The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
 // takes an equal share of the t * hidden output rows, and its warps stream them. Before it waits
-// for the gate/up kernel, a block routes its tokens again (warp i token i) into a shared table of
+// for the gate/up kernel, a block reads the routing (slot ids and weights) into a shared table of
 // the slots' down weights and multipliers, and every warp loads the first round of its first
 // row's weights: the weight reads overlap the gate/up kernel's end. It then stages the SwiGLU
 // activations of its (at most two: the grid has at least t blocks) tokens in dynamic shared
@@ -310,7 +391,7 @@ __device__ void moe_dec_gate_up(float* act, const float* logits, const RouteArgs
 // one token (R = 4 for NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks).
 // Dynamic shared memory: min(t, 2) * slots * inter floats.
 template <bool FP4>
-__device__ void moe_dec_down(bf16* out, const float* act, const float* logits, const RouteArgs& ra, const WeightDesc* table,
+__device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                              const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Fmt<FP4> F;
     constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
@@ -319,19 +400,12 @@ __device__ void moe_dec_down(bf16* out, const float* act, const float* logits, c
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
     __shared__ float mul[MOE_DEC_SLOTS];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    if (warp < t) {
-        const float* lg = logits + (long long)warp * (ra.n_exp + 1);
-        Choice c = route_warp(lg, ra);
-        int pos = ascending_slot(c, ra.top_k);
-        if (lane < ra.top_k) {
-            WeightDesc w = table[3 * c.id + 2];
-            dn[warp * slots + pos] = w;
-            mul[warp * slots + pos] = c.w * F::scale(w);
-        }
-        if (lane == 0 && slots > ra.top_k) {
-            dn[warp * slots + ra.top_k] = sh.down;
-            mul[warp * slots + ra.top_k] = (sh.gated ? sigmoidf(__ldcg(lg + ra.n_exp)) : 1.0f) * F::scale(sh.down);
-        }
+    // The routing kernel finished before the gate/up blocks, and so this grid, went on (see
+    // wait_then_trigger); read from L2 (ld.cg), as this SM's L1 may hold older lines of it.
+    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
+        int id = __ldcg(slot_ids + s);
+        dn[s] = id >= 0 ? table[3 * id + 2] : sh.down;
+        mul[s] = __ldcg(slot_w + s) * F::scale(dn[s]);
     }
     __syncthreads();
     int groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
@@ -339,17 +413,19 @@ __device__ void moe_dec_down(bf16* out, const float* act, const float* logits, c
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
     uint4 v[J][R];
     unsigned sc[J][R];
+    // Chunk i of a row is chunk i % nc of slot i / nc; a lane's next chunk is 32 further on.
+    auto step = [nc](int& sl, int& c) {
+        for (c += 32; c >= nc; c -= nc) sl++;
+    };
     // Round [i0, i0 + 32 J) of item `item`'s chunks into v / sc.
     auto load = [&](int item, int i0) {
         const WeightDesc* d = dn + (item / groups) * slots;
-        int r0 = (item % groups) * R;
+        int r0 = (item % groups) * R, sl = i0 / nc, c = i0 % nc;
 #pragma unroll
-        for (int j = 0; j < J; j++) {
-            int i = i0 + 32 * j;
-            if (i < total)
+        for (int j = 0; j < J; j++, step(sl, c))
+            if (i0 + 32 * j < total)
 #pragma unroll
-                for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
-        }
+                for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r], sc[j][r]);
     };
     int item = first + warp;
     if (item < last) load(item, lane);
@@ -367,14 +443,14 @@ __device__ void moe_dec_down(bf16* out, const float* act, const float* logits, c
         for (int i0 = lane; i0 < total; i0 += 32 * J) {
             if (!loaded) load(item, i0);
             loaded = false;
+            int sl = i0 / nc, c = i0 % nc;
 #pragma unroll
-            for (int j = 0; j < J; j++) {
+            for (int j = 0; j < J; j++, step(sl, c)) {
                 int i = i0 + 32 * j;
                 if (i >= total) break;
-                // Chunk i of the row is chunk i % nc of slot i / nc: element i * ELEMS of the staged slots.
-                float mi = m[i / nc];
+                // Chunk i is element i * ELEMS of the staged slots.
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r] += mi * F::dot(v[j][r], sc[j][r], a + i * F::ELEMS);
+                for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], a + i * F::ELEMS);
             }
         }
 #pragma unroll
@@ -385,21 +461,21 @@ __device__ void moe_dec_down(bf16* out, const float* act, const float* logits, c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) moe_dec_gate_up_bf16(float* act, const float* logits, RouteArgs ra, const bf16* x, const WeightDesc* table,
-                                                SharedDesc sh, int slots, int inter) {
-    moe_dec_gate_up<false>(act, logits, ra, x, table, sh, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
+                                                int slots, int inter) {
+    moe_dec_gate_up<false>(act, slot_ids, x, table, sh, slots, inter);
 }
-extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const float* logits, RouteArgs ra, const bf16* x, const WeightDesc* table,
-                                                 SharedDesc sh, int slots, int inter) {
-    moe_dec_gate_up<true>(act, logits, ra, x, table, sh, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
+                                                 int slots, int inter) {
+    moe_dec_gate_up<true>(act, slot_ids, x, table, sh, slots, inter);
 }
 // One resident wave of down blocks (see moe_dec_down).
 #define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
-MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const float* logits, RouteArgs ra, const WeightDesc* table,
+MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                                                   SharedDesc sh, int t, int slots, int hidden, int inter) {
-    moe_dec_down<false>(out, act, logits, ra, table, sh, t, slots, hidden, inter);
+    moe_dec_down<false>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
-MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const float* logits, RouteArgs ra, const WeightDesc* table,
+MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                                                    SharedDesc sh, int t, int slots, int hidden, int inter) {
-    moe_dec_down<true>(out, act, logits, ra, table, sh, t, slots, hidden, inter);
+    moe_dec_down<true>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }

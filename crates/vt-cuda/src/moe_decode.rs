@@ -2,8 +2,8 @@
 //! no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32); routing on the
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
 //! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: before they
-//! wait, the logits kernel reads router weights and the shared expert's gate/up blocks theirs; the
-//! others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
+//! wait, the logits kernel reads router weights, the shared expert's gate/up blocks theirs, and the
+//! down blocks the routing and the first round of their weights; the others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
 //! the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
@@ -104,35 +104,49 @@ pub(crate) fn moe_block(
     };
     let slots = top_k + sh.present as usize;
 
-    // One scratch block: act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0), then
-    // the logits [t, n_exp + 1] f32 (the last column the shared expert's gate).
-    let (n_act, n_logits) = (t * slots * inter, t * (n_exp + 1));
-    let scratch = b.buffer(4 * (n_act + n_logits))?;
+    // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0),
+    // then logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
+    let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
+    let scratch = b.buffer(4 * (n_act + n_logits + 2 * n_slots))?;
     let p_act = scratch.ptr();
     let p_logits = p_act + 4 * n_act as u64;
+    let p_ids = p_logits + 4 * n_logits as u64;
+    let p_w = p_ids + 4 * n_slots as u64;
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
-    let (ti, si, ii, hi) = (t as i32, slots as i32, i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
+    let (ti, gated, si) = (t as i32, sh.gated, slots as i32);
+    let (ii, hi) = (i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
 
     let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
     if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
         return Err(crate::backend::err("moe_block: the GEMV kernel declined the router's logits"));
     }
 
+    let mut l = Overlapped::new(b, &b.k().moe_dec_route);
+    l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
+    // A thread per expert: ranking compares each expert with all others, so its time goes with
+    // the experts per thread.
+    let threads = (n_exp.div_ceil(32) * 32).clamp(128, MAX_EXPERTS) as u32;
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
+    // int gated, int slots): a block per token of 128..=512 threads (whole warps); logits
+    // [t, n_exp + 1] written by the previous kernel on this stream; slot ids and weights hold
+    // t * slots each; n_exp <= 512, top_k <= 32.
+    unsafe { l.launch(cfg, "moe_dec_route")? };
+
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
     let mut l = Overlapped::new(b, gate_up);
-    l.arg(&p_act).arg(&p_logits).arg(&ra).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
+    l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(2) as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: moe_dec_gate_up_*(float* act, const float* logits, RouteArgs ra, const bf16* x,
-    // const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of
-    // 128 threads; logits [t, n_exp + 1] written by the previous kernel on this stream, n_exp <=
-    // 512 and top_k <= 32 (checked), ra's bias null or n_exp values (RouteArgs::new); the table
-    // has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names,
-    // as are the shared expert's (checked); act holds t * slots * inter floats.
+    // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
+    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of 128 threads; slot
+    // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
+    // 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names, as
+    // are the shared expert's (checked); act holds t * slots * inter floats.
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
@@ -145,14 +159,14 @@ pub(crate) fn moe_block(
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
     allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
-    l.arg(&p_out).arg(&p_act).arg(&p_logits).arg(&ra).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
-    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const float* logits, RouteArgs ra, const
-    // WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads (8
-    // warps: t <= 8 tokens routed, one a warp) in at least t blocks, min(t, 2) * slots * inter
-    // floats of dynamic shared memory (allowed above); logits as for the gate/up kernel, which
-    // waited for them before this kernel could start; act holds t * slots * inter floats (written
-    // by the previous kernel on this stream); out t * h values (h a multiple of 4 for NVFP4: its
-    // gate/up rows are whole 32-code chunks).
+    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
+    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
+    // const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads
+    // a block, at least t blocks, min(t, 2) * slots * inter floats of dynamic shared memory
+    // (allowed above); slot ids (experts < n_exp, or -1 for the shared expert) and weights were
+    // written by the routing kernel, which finished before the gate/up kernel let this one start;
+    // act holds t * slots * inter floats (written by the previous kernel on this stream); out t * h
+    // values (h a multiple of 4 for NVFP4: its gate/up rows are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }
