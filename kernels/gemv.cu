@@ -413,9 +413,16 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
     uint4 v[J][R];
     unsigned sc[J][R];
-    // Chunk i of a row is chunk i % nc of slot i / nc; a lane's next chunk is 32 further on.
-    auto step = [nc](int& sl, int& c) {
-        for (c += 32; c >= nc; c -= nc) sl++;
+    // Chunk i of a row is chunk i % nc of slot i / nc; a lane's next chunk is 32 further on (a
+    // select, not a loop or a division: the loads' addresses stay independent of branches).
+    const int q = 32 / nc, rem = 32 % nc;
+    auto step = [=](int& sl, int& c) {
+        c += rem;
+        sl += q;
+        if (c >= nc) {
+            c -= nc;
+            sl++;
+        }
     };
     // Round [i0, i0 + 32 J) of item `item`'s chunks into v / sc.
     auto load = [&](int item, int i0) {
