@@ -301,22 +301,13 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
     }
 }
 
-// The gate/up kernel's wait for the routing kernel, then its trigger: the down kernel, once
-// started, reads the routing (finished before any gate/up block got past its wait) before it
-// waits for the gate/up kernel.
-__device__ __forceinline__ void wait_then_trigger() {
-    grid_dep_wait();
-    grid_dep_trigger();
-}
-
-// Chunks each lane of the gate/up kernel loads before it computes: with a warp per gate or up
-// row (2048 bf16), one round of loads.
+// Chunks each lane of the MoE kernels loads before it computes: with a warp per gate or up row
+// (2048 bf16) or per quarter of a down row's slots, one round of loads.
 #define MOE_CHUNKS 8
 
 // Dot of row `row` of w with the chunks [c0, c1) of x (f32 or bf16), by one warp; every lane
 // gets the sum. Loads MOE_CHUNKS chunks per lane before any arithmetic. With `wait`, the lanes
-// execute wait_then_trigger once their first loads are in flight (x may come from the previous
-// kernel).
+// execute grid_dep_wait once their first loads are in flight (x may come from the previous kernel).
 template <bool FP4, typename X>
 __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, const X* x, int c0, int c1, bool wait = false) {
     typedef Fmt<FP4> F;
@@ -329,7 +320,7 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
         for (int j = 0; j < MOE_CHUNKS; j++)
             if (i0 + 32 * j < c1) F::load(w, row, i0 + 32 * j, v[j], sc[j]);
         if (wait) {
-            wait_then_trigger();
+            grid_dep_wait();
             wait = false;
         }
 #pragma unroll
@@ -340,7 +331,7 @@ __device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, co
             acc += F::dot(v[j], sc[j], xf);
         }
     }
-    if (wait) wait_then_trigger();  // a lane with no chunks
+    if (wait) grid_dep_wait();  // a lane with no chunks
     return warp_sum(acc) * F::scale(w);
 }
 
@@ -357,7 +348,8 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     // The shared expert's blocks (its slot is the last) know their rows without the routing: their
     // first round of weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
-    if (!shared_slot) wait_then_trigger();
+    grid_dep_trigger();
+    if (!shared_slot) grid_dep_wait();
     int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     float d = 0.0f;
     if (u < inter) {
@@ -365,105 +357,86 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
         d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS, shared_slot);
         if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
     } else if (shared_slot) {
-        wait_then_trigger();
+        grid_dep_wait();
     }
     __syncthreads();
     if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];
 }
 
 // The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
-// takes an equal share of the t * hidden output rows, and its warps stream them. Before it waits
-// for the gate/up kernel, a block reads the routing (slot ids and weights) into a shared table of
-// the slots' down weights and multipliers, and every warp loads the first round of its first
-// row's weights: the weight reads overlap the gate/up kernel's end. It then stages the SwiGLU
-// activations of its (at most two: the grid has at least t blocks) tokens in dynamic shared
-// memory, where every warp finds them at once. NVFP4 decodes its chunks in registers, so one
-// block of it fits an SM without spilling.
+// takes an equal share of the output rows, a token at a time, and its warps stream them. An item
+// is sized for 16 chunks in flight per lane. Each block first copies the slots' weight
+// descriptors to shared memory, and each token's SwiGLU activations to dynamic shared memory,
+// where every warp's chunk reads find them at once (read from global memory, each of those reads
+// waited on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its
+// chunks in registers (192 of them), so one block of it fits an SM without spilling.
 // Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
 #define MOE_DEC_SLOTS (GEMV_MAX_T * (ROUTE_MAX_K + 1))
 #define MOE_DEC_THREADS 256
 #define MOE_DEC_WAVE_BF16 2
 #define MOE_DEC_WAVE_NVFP4 1
 
-// out[i, r] = sum over token i's slots of slot weight * (down_slot[r] . act[slot]): a row's chunks
-// run over the slots in order, lane l taking chunks l + 32 j, J of them a round: one round for a
-// row of 9 slots of 512 (Qwen3.5 and Laguna: 8 routed + the shared expert). An item is R rows of
-// one token (R = 4 for NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks).
-// Dynamic shared memory: min(t, 2) * slots * inter floats.
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
+// over the slots in order, lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for
+// NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory:
+// slots * inter floats.
 template <bool FP4>
 __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                              const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Fmt<FP4> F;
-    constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
+    constexpr int R = FP4 ? 4 : 1, J = 16 / R;
     extern __shared__ float4 dyn[];
     float* as = (float*)dyn;
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
     __shared__ float mul[MOE_DEC_SLOTS];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    // The routing kernel finished before the gate/up blocks, and so this grid, went on (see
-    // wait_then_trigger); read from L2 (ld.cg), as this SM's L1 may hold older lines of it.
+    grid_dep_wait();
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
-        int id = __ldcg(slot_ids + s);
+        int id = slot_ids[s];
         dn[s] = id >= 0 ? table[3 * id + 2] : sh.down;
-        mul[s] = __ldcg(slot_w + s) * F::scale(dn[s]);
+        mul[s] = slot_w[s] * F::scale(dn[s]);
     }
-    __syncthreads();
-    int groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
+    int lane = threadIdx.x & 31, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
+    // This block's share of the t * groups items, a token at a time; threads past the block's last
+    // item still reach every barrier.
     int items = t * groups;
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
-    uint4 v[J][R];
-    unsigned sc[J][R];
-    // Chunk i of a row is chunk i % nc of slot i / nc; a lane's next chunk is 32 further on (a
-    // select, not a loop or a division: the loads' addresses stay independent of branches).
-    const int q = 32 / nc, rem = 32 % nc;
-    auto step = [=](int& sl, int& c) {
-        c += rem;
-        sl += q;
-        if (c >= nc) {
-            c -= nc;
-            sl++;
-        }
-    };
-    // Round [i0, i0 + 32 J) of item `item`'s chunks into v / sc.
-    auto load = [&](int item, int i0) {
-        const WeightDesc* d = dn + (item / groups) * slots;
-        int r0 = (item % groups) * R, sl = i0 / nc, c = i0 % nc;
-#pragma unroll
-        for (int j = 0; j < J; j++, step(sl, c))
-            if (i0 + 32 * j < total)
-#pragma unroll
-                for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r], sc[j][r]);
-    };
-    int item = first + warp;
-    if (item < last) load(item, lane);
-    grid_dep_wait();
-    int tok0 = first / groups;
-    int staged = min(t - tok0, 2) * slots * inter;
-    const float4* src = (const float4*)(act + (long long)tok0 * slots * inter);
-    for (int i = threadIdx.x; i < staged / 4; i += blockDim.x) ((float4*)as)[i] = src[i];
-    __syncthreads();
-    for (bool loaded = true; item < last; item += warps) {
-        int tok = item / groups, r0 = (item % groups) * R;
+    for (int tok = first / groups; tok * groups < last; tok++) {
+        __syncthreads();  // the previous token's activations are no longer read
+        const float4* src = (const float4*)(act + (long long)tok * slots * inter);
+        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) ((float4*)as)[i] = src[i];
+        __syncthreads();
+        const WeightDesc* d = dn + tok * slots;
         const float* m = mul + tok * slots;
-        const float* a = as + (tok - tok0) * slots * inter;
-        float acc[R] = {};
-        for (int i0 = lane; i0 < total; i0 += 32 * J) {
-            if (!loaded) load(item, i0);
-            loaded = false;
-            int sl = i0 / nc, c = i0 % nc;
+        int hi = min(last, (tok + 1) * groups);
+        for (int item = max(first, tok * groups) + (threadIdx.x >> 5); item < hi; item += blockDim.x >> 5) {
+            int r0 = (item % groups) * R;
+            float acc[R] = {};
+            for (int i0 = lane; i0 < total; i0 += 32 * J) {
+                uint4 v[J][R];
+                unsigned sc[J][R];
 #pragma unroll
-            for (int j = 0; j < J; j++, step(sl, c)) {
-                int i = i0 + 32 * j;
-                if (i >= total) break;
-                // Chunk i is element i * ELEMS of the staged slots.
+                for (int j = 0; j < J; j++) {
+                    int i = i0 + 32 * j;
+                    if (i < total)
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], a + i * F::ELEMS);
+                        for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
+                }
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    int i = i0 + 32 * j;
+                    if (i >= total) break;
+                    int sl = i / nc;
+                    // Chunk i of the row is chunk i % nc of slot sl: element i * ELEMS of the staged slots.
+                    const float* xf = as + i * F::ELEMS;
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+                }
             }
-        }
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float sum = warp_sum(acc[r]);
-            if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
+            for (int r = 0; r < R; r++) {
+                float sum = warp_sum(acc[r]);
+                if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
+            }
         }
     }
 }

@@ -2,8 +2,8 @@
 //! no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32); routing on the
 //! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
 //! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: before they
-//! wait, the logits kernel reads router weights, the shared expert's gate/up blocks theirs, and the
-//! down blocks the routing and the first round of their weights; the others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
+//! wait, the logits kernel reads router weights and the shared expert's gate/up blocks theirs; the
+//! others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
 //! the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
@@ -20,9 +20,9 @@ use crate::CudaBackend;
 /// `ROUTE_MAX_EXP`, `ROUTE_MAX_K` of kernels/common.cuh.
 const MAX_EXPERTS: usize = 512;
 const MAX_K: usize = 32;
-/// Dynamic shared memory a down block may stage its tokens' activations in: two bf16 blocks
-/// (NVFP4: one) and their static descriptor tables fit an SM's 227 KiB.
-const MAX_STAGED: usize = 96 << 10;
+/// Dynamic shared memory the down kernel may stage a token's activations in, leaving room for its
+/// static descriptor table within the SM's 227 KiB.
+const MAX_STAGED: usize = 192 << 10;
 
 /// `struct SharedDesc` of kernels/gemv.cu.
 #[repr(C)]
@@ -85,7 +85,7 @@ pub(crate) fn moe_block(
         && (1..=MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
-        && 4 * t.min(2) * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
+        && 4 * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
     let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
     let px = act(x, "moe_block")?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
@@ -114,8 +114,8 @@ pub(crate) fn moe_block(
     let p_w = p_ids + 4 * n_slots as u64;
     let out = b.empty(DType::BF16, x.shape())?;
     let p_out = out.buffer().ptr();
-    let (ti, gated, si) = (t as i32, sh.gated, slots as i32);
-    let (ii, hi) = (i32_of(inter, "intermediate")?, i32_of(h, "hidden")?);
+    let (ti, gated, si, ii) = (t as i32, sh.gated, slots as i32, i32_of(inter, "intermediate")?);
+    let hi = i32_of(h, "hidden")?;
 
     let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
     if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
@@ -150,23 +150,25 @@ pub(crate) fn moe_block(
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
-    // output items (NVFP4 items are 4 rows, bf16 items 1) and at least t, so that a block's items
-    // span at most two tokens, whose activations it stages in dynamic shared memory.
+    // output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in dynamic
+    // shared memory.
     let (per_item, per_sm) = if fp4 { (4, 1) } else { (1, 2) };
-    let staged = 4 * t.min(2) * slots * inter;
-    let blocks = (t * h / per_item).min(per_sm * b.k().sm_count).max(t);
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: staged as u32 };
+    let staged = 4 * slots * inter;
+    let cfg = LaunchConfig {
+        grid_dim: ((t * h / per_item).min(per_sm * b.k().sm_count).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: staged as u32,
+    };
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
     allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
     // const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads
-    // a block, at least t blocks, min(t, 2) * slots * inter floats of dynamic shared memory
-    // (allowed above); slot ids (experts < n_exp, or -1 for the shared expert) and weights were
-    // written by the routing kernel, which finished before the gate/up kernel let this one start;
-    // act holds t * slots * inter floats (written by the previous kernel on this stream); out t * h
-    // values (h a multiple of 4 for NVFP4: its gate/up rows are whole 32-code chunks).
+    // a block, slots * inter floats of dynamic shared memory (allowed above); slot ids are experts
+    // < n_exp or -1 for the shared expert (written on this stream before); act holds
+    // t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its gate/up rows
+    // are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }
