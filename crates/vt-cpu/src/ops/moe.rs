@@ -99,12 +99,14 @@ pub fn build_table(alloc: &Arc<Allocator>, experts: &MoeExperts<CpuBackend>) -> 
     Ok(CpuExpertTable { gate_up, down })
 }
 
-/// Chosen experts and their weights for one token.
+/// Chosen experts and their weights for one token, in rank order: a higher choice value first, an
+/// equal one at the lower expert index; a NaN value ranks after every number (as vt-cuda's kernels).
 pub fn route(logits: &[f32], kind: &RouterKind, bias: Option<&[f32]>) -> Vec<(usize, f32)> {
     let top = |choice: &[f32], k: usize| {
+        let key = |e: usize| if choice[e].is_nan() { f32::NEG_INFINITY } else { choice[e] };
         let mut idx: Vec<usize> = (0..choice.len()).collect();
-        // Stable sort: among equal scores the lower expert index wins.
-        idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
+        // Stable sort: among equal keys the lower expert index wins.
+        idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
         idx.truncate(k);
         idx
     };
@@ -186,4 +188,23 @@ pub fn moe(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_ranks_ties_by_index_and_nan_after_every_number() {
+        let sigmoid = RouterKind::Sigmoid { top_k: 4, softcap: None, renormalize: false, routed_scaling: 1.0 };
+        // Expert 1's NaN logit ranks after expert 3's -inf; 0 and 2 tie, the lower index first.
+        let chosen: Vec<usize> =
+            route(&[1.0, f32::NAN, 1.0, f32::NEG_INFINITY, 3.0], &sigmoid, None).into_iter().map(|(e, _)| e).collect();
+        assert_eq!(chosen, [4, 0, 2, 3]);
+        // A NaN from the bias too, with a negative sign bit (total order would put it last anyway).
+        let bias = [0.0, 0.0, -f32::NAN, 0.0, 0.0];
+        let chosen: Vec<usize> =
+            route(&[0.0, 0.0, 5.0, 0.0, 0.0], &sigmoid, Some(&bias)).into_iter().map(|(e, _)| e).collect();
+        assert_eq!(chosen, [0, 1, 3, 4]);
+    }
 }
