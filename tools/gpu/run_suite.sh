@@ -17,8 +17,11 @@ results=()  # each run's one-line result, printed again last (a device call retu
 run() {  # name, then the command
     local name=$1; shift
     local t0=$SECONDS
-    "$@" >"$logs/$name.log" 2>&1; local rc=$?
-    results+=("== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')")
+    # A hang (a kernel waiting on a shuffle or a barrier that never comes) ends here, not at the
+    # device call's limit with nothing reported.
+    timeout "${RUN_TIMEOUT:-240}" "$@" >"$logs/$name.log" 2>&1; local rc=$?
+    local hung=""; [ $rc = 124 ] && hung=" TIMED OUT after ${RUN_TIMEOUT:-240} s"
+    results+=("== $name: rc=$rc ($((SECONDS - t0)) s)$hung: $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')")
     echo "${results[-1]}"
     return $rc
 }
