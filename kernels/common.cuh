@@ -92,7 +92,7 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// ---- MoE routing of one token by one warp (moe_prefill.cu, gemv.cu) ----
+// ---- MoE routing (moe.cu, moe_prefill.cu, gemv.cu) ----
 // How router logits become choices (vt-cuda's `RouteArgs`, #[repr(C)]): kind 0 = softmax over all
 // experts, top-k on the probabilities; 1 = sigmoid of the (optionally tanh-softcapped) logits, top-k
 // on score + bias, weights the unbiased scores times `scaling`. Renormalised over the k if `renorm`.
@@ -107,81 +107,9 @@ struct RouteArgs {
     float scaling;
     int pad;
 };
-#define ROUTE_MAX_EXP 512  // n_exp <= 16 experts per lane
-#define ROUTE_MAX_K 32     // a choice per lane
+#define ROUTE_MAX_EXP 512  // experts the warp (moe_prefill.cu) and block (gemv.cu) routings take
+#define ROUTE_MAX_K 32     // top-k: a choice per lane of the warp routing
 
-// One choice of a token: lane r < top_k holds its rank-r expert and weight.
-struct Choice {
-    int id;
-    float w;
-};
-
-// The top_k choices of one token's logits (n_exp values), as vt-cpu's `route`: a higher choice value
-// ranks first, an equal one at the lower index; a NaN value ranks after every number. Every lane of
-// the warp calls it; the normaliser sums the chosen scores in rank order. Lane l holds the choice
-// values of experts l + 32 i: each of the k rounds takes every lane's best untaken expert, then
-// the warp's. A sigmoid router's winner gets its score from its logit again, so that only one
-// array stays in registers. The logits are read from L2 (ld.cg): moe_dec_down reads them before
-// its grid_dep_wait, where this SM's L1 might still hold an earlier kernel's lines of that memory.
-__device__ Choice route_warp(const float* logits, const RouteArgs& ra) {
-    constexpr int PER = ROUTE_MAX_EXP / 32;
-    const float neg_inf = __int_as_float(0xff800000);
-    const int none = 0x7fffffff;
-    int lane = threadIdx.x & 31, n = ra.n_exp;
-    auto sigmoid_score = [&](float l) { return sigmoidf(ra.softcap > 0.0f ? ra.softcap * tanhf(l / ra.softcap) : l); };
-    float choice[PER];
-    unsigned taken = 0;  // bit i: expert lane + 32 i chosen, or past n
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        int e = lane + 32 * i;
-        choice[i] = e < n ? __ldcg(logits + e) : neg_inf;
-        if (e >= n) taken |= 1u << i;
-    }
-    if (ra.kind == 0) {
-        float mx = neg_inf, sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER; i++) mx = fmaxf(mx, choice[i]);
-        mx = warp_max(mx);
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-            choice[i] = taken >> i & 1u ? 0.0f : expf(choice[i] - mx);
-            sum += choice[i];
-        }
-        sum = warp_sum(sum);
-#pragma unroll
-        for (int i = 0; i < PER; i++) choice[i] = choice[i] / sum;
-    } else {
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-            int e = lane + 32 * i;
-            if (e < n) choice[i] = sigmoid_score(choice[i]) + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < PER; i++)
-        if (isnan(choice[i])) choice[i] = neg_inf;  // below every number, above nothing: by index
-    Choice mine = {-1, 0.0f};
-    float norm = 0.0f;
-    for (int r = 0; r < ra.top_k; r++) {
-        float bv = neg_inf;
-        int bi = none;
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (!(taken >> i & 1u) && (bi == none || choice[i] > bv)) { bv = choice[i]; bi = lane + 32 * i; }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
-        }
-        // Every lane now holds the winner: softmax's score is its choice value.
-        if (lane == (bi & 31)) taken |= 1u << (bi >> 5);
-        float sc = ra.kind == 0 ? bv : sigmoid_score(__ldcg(logits + bi));
-        norm += sc;
-        if (lane == r) mine = {bi, sc};
-    }
-    mine.w = mine.w / (ra.renorm ? norm : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
-    return mine;
-}
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 __device__ float block_sum(float v) {

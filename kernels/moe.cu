@@ -3,8 +3,6 @@
 // down projections of every expert, at 3e, 3e + 1, 3e + 2), combined in ascending expert order as
 // vt-cpu does.
 
-#define MOE_MAX_K 32
-
 // Index of the largest v[i] not yet taken (lowest index among equals), marked taken.
 __device__ int take_max(const float* v, unsigned char* taken, int n) {
     int best = -1;
@@ -14,8 +12,8 @@ __device__ int take_max(const float* v, unsigned char* taken, int n) {
     return best;
 }
 
-// One block per token (256 threads), any number of experts: for finite logits, the choices of
-// route_warp (common.cuh), which the faster paths take for up to 512 experts.
+// One block per token (256 threads), any number of experts: for finite logits, the choices of the
+// warp and block routings (moe_prefill.cu, gemv.cu) that the faster paths take for up to 512.
 // Dynamic shared memory: (hidden + 2 * n_exp) floats + n_exp bytes.
 extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs ra) {
     extern __shared__ float sh[];
@@ -48,7 +46,7 @@ extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, We
             choice[e] = score[e] + (bias ? ld(bias, ra.bias_dt, e) : 0.0f);
         }
     }
-    int chosen[MOE_MAX_K];
+    int chosen[ROUTE_MAX_K];
     float norm = 0.0f;
     for (int s = 0; s < top_k; s++) { chosen[s] = take_max(choice, taken, n_exp); norm += score[chosen[s]]; }
     if (!ra.renorm) norm = 1.0f;

@@ -26,7 +26,7 @@ use crate::weight::{float_code, WeightDesc};
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// Largest head dimension of the attention kernel (`ATT_MAX_D`), conv taps (`CONV_MAX_K`), rotary
-/// frequencies (`RopeFreqs`) and top-k (`MOE_MAX_K`) in kernels/*.cu.
+/// frequencies (`RopeFreqs`) and top-k (`ROUTE_MAX_K`) in kernels/*.cu.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
 const MAX_CONV_TAPS: usize = 16;
 const MAX_ROPE_FREQS: usize = 128;

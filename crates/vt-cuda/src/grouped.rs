@@ -15,17 +15,16 @@ use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 use crate::alloc::driver_err;
 use crate::backend::{act, grid1, i32_of, launched, MAX_TOP_K};
 use crate::kernels::allow_shared;
-use crate::moe::{build_table, RouteArgs};
+use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
 use crate::w4a16;
 use crate::CudaBackend;
 
-/// `MP_BM`, `MP_BN`, `MP_THREADS`, `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 and
-/// `32 * MP_MAX_PER_LANE` of kernels/moe_prefill.cu.
+/// `MP_BM`, `MP_BN`, `MP_THREADS` and `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 of
+/// kernels/moe_prefill.cu.
 const TILE_ROWS: usize = 64;
 const TILE_COLS: usize = 128;
 const GEMM_THREADS: u32 = 128;
 const GEMM_SHARED: usize = 3 * (64 + 128) * 64 * 2;
-const MAX_EXPERTS: usize = 512;
 
 /// Tiles of `rows` slots that any routing of `slots` over `n_exp` experts can need:
 /// sum(ceil(count_e / rows)) <= slots / rows + n_exp. The GEMM grids' second dimension.
@@ -52,7 +51,7 @@ pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, expert
         && h % 8 == 0
         && inter % 8 == 0
         && n_exp % 8 == 0
-        && n_exp <= MAX_EXPERTS
+        && n_exp <= ROUTE_MAX_EXPERTS
         && (1..=MAX_TOP_K.min(n_exp)).contains(&router.kind.top_k())
         && is_bf16(&router.weight.weight)
         && router.weight.weight.dims() == (n_exp, h)
@@ -137,7 +136,7 @@ pub(crate) fn moe(
     l.arg(&poff).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&ne).arg(&tile_rows_i);
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int
-    // n_exp, int tile_rows): one block of the 256 threads it is written for, n_exp <= MAX_EXPERTS
+    // n_exp, int tile_rows): one block of the 256 threads it is written for, n_exp <= ROUTE_MAX_EXPERTS
     // = 512 (fits), tile_rows the row count of the GEMM kernels launched below (64 or 128);
     // offsets n_exp ints; tiles holds 2 * max_tiles ints, and the tiles of any routing number
     // sum(ceil(count_e / tile_rows)) <= slots / tile_rows + n_exp = max_tiles.

@@ -61,6 +61,10 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
     Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
 
+/// `ROUTE_MAX_EXP` of kernels/common.cuh: the experts the warp (prefill) and block (decode)
+/// routing kernels take.
+pub(crate) const ROUTE_MAX_EXPERTS: usize = 512;
+
 /// `struct RouteArgs` of kernels/common.cuh: how a router's logits become choices (every MoE
 /// path's routing kernel takes it).
 #[repr(C)]

@@ -9,17 +9,14 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
-use crate::backend::{act, i32_of};
+use crate::backend::{act, i32_of, MAX_TOP_K};
 use crate::gemv::{self, MAX_T};
 use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
-use crate::moe::{build_table, RouteArgs};
+use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// `ROUTE_MAX_EXP`, `ROUTE_MAX_K` of kernels/common.cuh.
-const MAX_EXPERTS: usize = 512;
-const MAX_K: usize = 32;
 /// Dynamic shared memory the down kernel may stage a token's activations in, leaving room for its
 /// static descriptor table within the SM's 227 KiB.
 const MAX_STAGED: usize = 192 << 10;
@@ -81,8 +78,8 @@ pub(crate) fn moe_block(
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MAX_T).contains(&t)
         && x.last_dim() == h
-        && n_exp <= MAX_EXPERTS
-        && (1..=MAX_K.min(n_exp)).contains(&top_k)
+        && n_exp <= ROUTE_MAX_EXPERTS
+        && (1..=MAX_TOP_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
         && 4 * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
@@ -126,7 +123,7 @@ pub(crate) fn moe_block(
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
     // A thread per expert: ranking compares each expert with all others, so its time goes with
     // the experts per thread.
-    let threads = (n_exp.div_ceil(32) * 32).clamp(128, MAX_EXPERTS) as u32;
+    let threads = (n_exp.div_ceil(32) * 32).clamp(128, ROUTE_MAX_EXPERTS) as u32;
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
     // int gated, int slots): a block per token of 128..=512 threads (whole warps); logits

@@ -555,9 +555,9 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
         RouterKind::Sigmoid { top_k: 4, softcap: Some(3.0), renormalize: true, routed_scaling: 2.5 },
     ];
     let every_shared = [("none", 1), ("plain", 3), ("gated", 1), ("gated", 8)];
-    // 40 experts, not a whole one per lane of the routing warps; 64 hidden, 32 intermediate: whole
-    // NVFP4 chunks for every matrix. 300 experts: more than 8 per lane. Then a layer of real
-    // proportions: 128 experts, rows of 1024 and 256 (several load rounds per lane, a down row
+    // 40 experts, fewer than the routing block's 128 threads; 64 hidden, 32 intermediate: whole
+    // NVFP4 chunks for every matrix. 300 experts: a routing block of 320 threads. Then a layer of
+    // real proportions: 128 experts, rows of 1024 and 256 (several load rounds per lane, a down row
     // over many chunks), at 1 and 8 tokens.
     for (h, inter, n_exp, shared_cases) in [
         (64, 32, 40, &every_shared[..]),
