@@ -14,6 +14,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 
 status=0
 results=()  # each run's one-line result, printed again last (a device call returns only its output's tail)
+say() {  # prints a result line now and keeps it for the end
+    results+=("$1")
+    echo "$1"
+}
 run() {  # name, then the command
     local name=$1; shift
     local t0=$SECONDS
@@ -21,8 +25,7 @@ run() {  # name, then the command
     # device call's limit with nothing reported.
     timeout "${RUN_TIMEOUT:-240}" "$@" >"$logs/$name.log" 2>&1; local rc=$?
     local hung=""; [ $rc = 124 ] && hung=" TIMED OUT after ${RUN_TIMEOUT:-240} s"
-    results+=("== $name: rc=$rc ($((SECONDS - t0)) s)$hung: $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')")
-    echo "${results[-1]}"
+    say "== $name: rc=$rc ($((SECONDS - t0)) s)$hung: $(grep -E '^test result' "$logs/$name.log" | tr '\n' ' ')"
     return $rc
 }
 run ops "$bin/ops" --nocapture --test-threads=4 || status=1
@@ -33,16 +36,14 @@ fi
 run recorded "$bin/recorded" --nocapture || status=1
 run lifetime "$bin/lifetime" --nocapture --test-threads=1 || status=1
 if run lifetime-mutation "$bin/lifetime-mutation" --test-threads=1; then
-    results+=("mutation arm: PASSED with the original bug compiled in (must fail)"); status=1
-    echo "${results[-1]}"
+    say "mutation arm: PASSED with the original bug compiled in (must fail)"; status=1
 else
     for t in sequential_engines_in_reused_memory_compute_as_alone build_run_drop_cycles_give_all_memory_back; do
         if grep -q "^test $t \.\.\. FAILED" "$logs/lifetime-mutation.log"; then
-            results+=("mutation arm: $t failed as required")
+            say "mutation arm: $t failed as required"
         else
-            results+=("mutation arm: $t did not fail"); status=1
+            say "mutation arm: $t did not fail"; status=1
         fi
-        echo "${results[-1]}"
     done
 fi
 run vt-generate "$bin/vt" generate --backend cuda --model fixtures/qwen35moe_text --prompt-ids 1,2,3,4 --max-new-tokens 8 --json || status=1
