@@ -3,7 +3,8 @@
 // down projections of every expert, at 3e, 3e + 1, 3e + 2), combined in ascending expert order as
 // vt-cpu does.
 
-// Index of the largest v[i] not yet taken (lowest index among equals), marked taken.
+// Index of the largest v[i] not yet taken (lowest index among equals), marked taken. No NaN in v:
+// one would win whenever it came first, as no value compares greater.
 __device__ int take_max(const float* v, unsigned char* taken, int n) {
     int best = -1;
     for (int i = 0; i < n; i++)
@@ -12,9 +13,10 @@ __device__ int take_max(const float* v, unsigned char* taken, int n) {
     return best;
 }
 
-// One block per token (256 threads), any number of experts: for finite logits, the choices of the
-// warp and block routings (moe_prefill.cu, gemv.cu) that the faster paths take for up to 512.
-// Dynamic shared memory: (hidden + 2 * n_exp) floats + n_exp bytes.
+// One block per token (256 threads), any number of experts: the choices of the warp and block
+// routings (moe_prefill.cu, gemv.cu) that the faster paths take for up to 512, a NaN choice ranking
+// as -inf (after every number, by index). Dynamic shared memory: (hidden + 2 * n_exp) floats +
+// n_exp bytes.
 extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs ra) {
     extern __shared__ float sh[];
     int n_exp = ra.n_exp, top_k = ra.top_k, kind = ra.kind;
@@ -46,6 +48,8 @@ extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, We
             choice[e] = score[e] + (bias ? ld(bias, ra.bias_dt, e) : 0.0f);
         }
     }
+    for (int e = 0; e < n_exp; e++)
+        if (isnan(choice[e])) choice[e] = __int_as_float(0xff800000);
     int chosen[ROUTE_MAX_K];
     float norm = 0.0f;
     for (int s = 0; s < top_k; s++) { chosen[s] = take_max(choice, taken, n_exp); norm += score[chosen[s]]; }

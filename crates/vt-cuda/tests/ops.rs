@@ -320,6 +320,40 @@ fn moe_every_router_and_expert_format() {
     }
 }
 
+#[test]
+fn every_routing_ranks_a_nan_choice_last() {
+    // Expert 0's router row is NaN, so a sigmoid router's choice for it is NaN, which vt-cpu ranks
+    // after every number (and a softmax would make every probability NaN). Each CUDA routing must
+    // leave expert 0 out as vt-cpu does: the per-token kernel of the general path (one token, or
+    // 12 experts, which the grouped path does not take), the warp routing of the grouped prefill
+    // (29 tokens over 8 experts) and the block routing of the fused decode block (3 tokens).
+    let gpu = &cuda();
+    let mut r = Rng(0x7a7);
+    let (h, inter) = (64, 32);
+    let kind = RouterKind::Sigmoid { top_k: 3, softcap: None, renormalize: true, routed_scaling: 1.0 };
+    for (t, n_exp, decode) in [(1, 8, false), (5, 12, false), (29, 8, false), (3, 8, true)] {
+        let x = r.vec(t * h, 2.0);
+        let mut router_w = HostWeight::bf16(&mut r, n_exp, h);
+        if let HostWeight::Bf16 { v, .. } = &mut router_w {
+            v[..h].fill(f32::NAN);
+        }
+        let experts = host_experts(&mut r, "bf16", n_exp, h, inter);
+        let path = if decode { "moe_block" } else { "moe" };
+        // The grouped path rounds the SwiGLU activations to bf16 (moe_every_router_and_expert_format).
+        on_both!(gpu, &format!("{path} with a NaN router row, t={t}, {n_exp} experts"), 2.0 * U, |b| {
+            let moe = upload_experts(b, &experts, h, inter);
+            let router = Router {
+                weight: Linear::new(b, router_w.upload(b)).unwrap(),
+                kind: kind.clone(),
+                correction_bias: None,
+            };
+            let xt = act(b, &[t, h], &x);
+            let y = if decode { b.moe_block(&xt, &router, &moe, None) } else { b.moe(&xt, &router, &moe) };
+            out(b, &y.unwrap())
+        });
+    }
+}
+
 /// `n_exp` experts' (gate, up, down) in `format` ("bf16" or "nvfp4").
 fn host_experts(r: &mut Rng, format: &str, n_exp: usize, h: usize, inter: usize) -> Vec<[HostWeight; 3]> {
     let weight = |r: &mut Rng, n, k| match format {
