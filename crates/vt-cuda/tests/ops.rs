@@ -15,6 +15,7 @@ use vt_core::{
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
+use vt_test_support::max_abs_diff;
 
 /// bf16 unit roundoff.
 const U: f32 = 1.0 / 256.0;
@@ -118,7 +119,7 @@ macro_rules! on_both {
 fn report(op: &str, bound: f32, cuda: &[f32], cpu: &[f32]) {
     assert_eq!(cuda.len(), cpu.len(), "{op}: output sizes differ");
     let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-    let err = cuda.iter().zip(cpu).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max) / scale;
+    let err = max_abs_diff(cuda, cpu) / scale;
     println!("op {op}: max |cuda - cpu| / max |cpu| = {err:.3e} (bound {bound:.3e}, {} values)", cpu.len());
     assert!(err.is_finite() && err <= bound, "{op}: relative error {err:.3e} > {bound:.3e}");
 }

@@ -9,7 +9,7 @@ use vt_core::checkpoint::Checkpoint;
 use vt_core::Backend;
 use vt_cuda::CudaBackend;
 use vt_models::{DummyWeights, Logits, Model};
-use vt_test_support::{all_fixtures, argmax, fixture, Reference};
+use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 
 /// Decode steps per fixture: enough to fill what the first recording reserved (after the first
 /// decode step a full-attention cache holds twice the prompt; recording reserves 256 positions
@@ -36,7 +36,7 @@ fn recorded_decode_equals_unrecorded_bit_for_bit() {
             want = b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap();
             let got = b.to_f32(&recorded.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
             if got != want && first_diff.is_none() {
-                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                let worst = max_abs_diff(&got, &want);
                 first_diff = Some((step, worst));
             }
         }

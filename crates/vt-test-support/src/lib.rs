@@ -73,9 +73,15 @@ impl Reference {
     }
 }
 
+/// Largest `|a[i] - b[i]|`, or NaN when some pair has exactly one NaN: `f32::max` skips a NaN, so
+/// folding with it let a NaN output compare as a perfect match. Equal values (equal infinities,
+/// two NaNs) differ by 0.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "compared slices differ in length");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if x == y || (x.is_nan() && y.is_nan()) { 0.0 } else { (x - y).abs() })
+        .fold(0.0, |m, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) })
 }
 
 pub fn argmax(row: &[f32]) -> u32 {
@@ -120,4 +126,21 @@ pub fn check_greedy(reference: &Reference, ours: &[u32]) -> Result<usize, String
         }
     }
     Ok(ours.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_abs_diff;
+
+    #[test]
+    fn max_abs_diff_reports_a_one_sided_nan() {
+        assert_eq!(max_abs_diff(&[1.0, 3.0, -2.0], &[1.5, 3.0, -2.25]), 0.5);
+        // The NaN pair first and last: neither a later number nor an earlier one hides it.
+        assert!(max_abs_diff(&[f32::NAN, 1.0], &[0.0, 1.25]).is_nan());
+        assert!(max_abs_diff(&[1.0, 2.0], &[1.25, f32::NAN]).is_nan());
+        // Agreeing NaNs and infinities are no difference; opposite infinities are.
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        assert_eq!(max_abs_diff(&[inf, nan, -inf], &[inf, nan, -inf]), 0.0);
+        assert_eq!(max_abs_diff(&[inf], &[-inf]), f32::INFINITY);
+    }
 }
