@@ -3,6 +3,7 @@
 
 use vt_core::{AttentionParams, Backend};
 use vt_cpu::{CpuBackend, KV_BLOCK};
+use vt_test_support::max_abs_diff;
 
 const T: usize = 40;
 const QH: usize = 4;
@@ -68,14 +69,7 @@ fn cached_attention_matches_naive_in_any_split() {
         let one_by_one: Vec<usize> = (1..T).collect();
         for split in [vec![], vec![5], vec![9, 10, 30], one_by_one] {
             let got = run(&b, &q, &k, &v, window, &split);
-            // A NaN difference fails the bound (f32::max alone would skip it).
-            let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, |m: f32, d| {
-                if m.is_nan() || d.is_nan() {
-                    f32::NAN
-                } else {
-                    m.max(d)
-                }
-            });
+            let d = max_abs_diff(&got, &want);
             // f32 softmax over <= 40 terms of magnitude ~1: errors of a few ulp.
             assert!(d < 1e-5, "window {window:?} split {split:?}: max diff {d}");
         }
