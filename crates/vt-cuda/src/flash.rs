@@ -10,12 +10,12 @@ use crate::backend::launched;
 use crate::kernels::allow_shared;
 use crate::CudaBackend;
 
-/// Warps per block for a head dimension (`FA_KERNEL` in flash_attn.cu); each holds 16 query rows.
-fn warps(head_dim: usize) -> usize {
-    if head_dim == 256 {
-        8
-    } else {
-        4
+/// Warps per block and 16-row tiles per warp for a head dimension (`FA_KERNEL` in flash_attn.cu).
+fn shape(head_dim: usize) -> (usize, usize) {
+    match head_dim {
+        256 => (8, 1),
+        128 => (4, 2),
+        _ => (4, 1),
     }
 }
 
@@ -23,7 +23,7 @@ fn warps(head_dim: usize) -> usize {
 const KEYS: usize = 64;
 
 /// Heads of one KV group a block takes: the largest power of two dividing the group that leaves
-/// each warp's 16 rows inside one head.
+/// each warp's rows inside one head.
 fn heads_per_block(group: usize, warps: usize) -> usize {
     let mut h = 1;
     while h * 2 <= warps && group.is_multiple_of(h * 2) {
@@ -65,8 +65,8 @@ pub(crate) fn launch(
         128 => (&b.k().flash_attn_d128, "flash_attn_d128"),
         _ => (&b.k().flash_attn_d256, "flash_attn_d256"),
     };
-    let warps = warps(head_dim);
-    let rows = 16 * warps;
+    let (warps, tiles) = shape(head_dim);
+    let rows = 16 * tiles * warps;
     let hpb = heads_per_block((q_heads / kv_heads) as usize, warps);
     let queries = rows / hpb;
     let shared = (rows + 2 * KEYS) * head_dim * 2;
@@ -94,11 +94,11 @@ pub(crate) fn launch(
     };
     // SAFETY: flash_attn_d{D}(bf16* out, const bf16* q, k, v, const bf16* kc, const bf16* vc,
     // int t, int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2)
-    // with D = head_dim and WARPS = warps(D): one block per 2^bq_log2 = 16 * WARPS / hpb queries
-    // and hpb heads of one group (hpb divides q_heads / kv_heads), (16 * WARPS + 2 * 64) * D bf16
-    // of shared memory (allowed above); out/q hold t * q_heads * D values, k/v t * kv_heads * D,
-    // and the cache every position before `start` a query can see (kv.rs reserved it);
-    // q_heads % kv_heads == 0.
+    // with D = head_dim and (WARPS, MI) = shape(D): one block per 2^bq_log2 = 16 * MI * WARPS / hpb
+    // queries (at least 16 * MI: hpb <= WARPS) and hpb heads of one group (hpb divides q_heads /
+    // kv_heads), (16 * MI * WARPS + 2 * 64) * D bf16 of shared memory (allowed above); out/q hold
+    // t * q_heads * D values, k/v t * kv_heads * D, and the cache every position before `start` a
+    // query can see (kv.rs reserved it); q_heads % kv_heads == 0.
     launched(unsafe { l.launch(cfg) }, name)
 }
 
