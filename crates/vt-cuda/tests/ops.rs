@@ -451,8 +451,9 @@ fn attention_flash_prefill() {
     // a decode step (the simple kernel) and a short chunk.
     let steps = [150usize, 70, 1, 3];
     let total: usize = steps.iter().sum();
-    // Blocks take 1, 2, 4 or 8 heads of a KV group (qwen3.5's 16 / 2 at d = 256 takes 8).
-    for (hq, hkv, d) in [(4, 2, 64), (4, 1, 128), (2, 2, 256), (6, 2, 256), (16, 2, 256)] {
+    // Blocks take 1, 2, 4 or 8 heads of a KV group (qwen3.5's 16 / 2 at d = 256 takes 8); at
+    // d = 128 a warp's two row tiles are 32 queries of one head (4 heads a block) or of 128.
+    for (hq, hkv, d) in [(4, 2, 64), (4, 1, 128), (6, 2, 128), (2, 2, 256), (6, 2, 256), (16, 2, 256)] {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(100)] {
             // 2u: the probabilities are rounded to bf16 for the P V product.
