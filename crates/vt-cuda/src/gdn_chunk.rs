@@ -15,9 +15,11 @@ use crate::CudaBackend;
 const CHUNK: usize = 64;
 const KEY_DIM: usize = 128;
 const SCAN_COLS: usize = 32;
-/// Dynamic shared memory (floats) of gdn_chunk_prep and gdn_chunk_scan, as their comments give.
+/// Dynamic shared memory (bytes) of gdn_chunk_prep and gdn_chunk_scan, as their comments give.
 const PREP_SHARED: usize = (3 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
-const SCAN_SHARED: usize = (128 * 132 + 2 * 128 * 68 + 2 * 128 * 40 + 128 * 40 + 64 * 40) * 4;
+const SCAN_SHARED: usize = (2 * 128 * 132 + 2 * 128 * 68 + 32 * 132 + 32 * 68) * 4;
+/// Threads of either kernel's block.
+const THREADS: u32 = 256;
 
 pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize) -> bool {
     t > 1 && key_dim == KEY_DIM && matches!(value_dim, 64 | 128)
@@ -86,13 +88,14 @@ pub(crate) fn run(
         .arg(&qmul);
     let cfg = LaunchConfig {
         grid_dim: (chunks as u32, value_heads as u32, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (THREADS, 1, 1),
         shared_mem_bytes: PREP_SHARED as u32,
     };
     // SAFETY: gdn_chunk_prep_v{dv}(float* wq, float* kt, float* uo, float* decay, const bf16* q,
     // k, v, a, b, const void* a_log, int, const void* dt_bias, int, int t, int key_heads, int
-    // value_heads, float qmul): one block per (chunk, value head), PREP_SHARED bytes (allowed
-    // above); the scratch holds chunks * value_heads blocks of each output; inputs as `Operands`.
+    // value_heads, float qmul): one block of 256 threads per (chunk, value head), PREP_SHARED
+    // bytes (allowed above); the scratch holds chunks * value_heads blocks of each output; inputs
+    // as `Operands`.
     launched(unsafe { l.launch(cfg) }, names[0])?;
 
     allow_shared(scan, SCAN_SHARED, names[1])?;
@@ -100,11 +103,13 @@ pub(crate) fn run(
     l.arg(&p.out).arg(&p.state).arg(&pwq).arg(&pkt).arg(&puo).arg(&pdec).arg(&ti).arg(&vh);
     let cfg = LaunchConfig {
         grid_dim: (value_heads as u32, (value_dim / SCAN_COLS) as u32, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (THREADS, 1, 1),
         shared_mem_bytes: SCAN_SHARED as u32,
     };
     // SAFETY: gdn_chunk_scan_v{dv}(bf16* out, float* state, const float* wq, kt, uo, decay, int
-    // t, int value_heads): one block per (value head, 32 columns), SCAN_SHARED bytes; reads the
-    // scratch written above (stream-ordered), out [t, value_heads, dv], state [value_heads, 128, dv].
+    // t, int value_heads): one block of 256 threads per (value head, 32 columns), SCAN_SHARED bytes
+    // (allowed above, within the 227 KiB a block may have); reads the scratch written above
+    // (stream-ordered), out [t, value_heads, dv], state [value_heads, 128, dv], all whole
+    // allocations, so their 16-byte (cp.async) and 8-byte (float2) accesses are aligned.
     launched(unsafe { l.launch(cfg) }, names[1])
 }
