@@ -11,9 +11,9 @@
 // and 32 value columns) walks the chunks: v' = U - W S, o = Q' S + O0, S = exp(c_L) S + K~^T v'.
 // A final partial chunk is zero-padded (q = k = v = 0, g = 0, beta = 0), which adds exact zeros.
 //
-// W, Q' and K~^T leave prep rounded to TF32 (tf32r; the scan only multiplies them), U and O0 in
-// full f32 (the scan adds them); the scan rounds S and v' where it stores them and reads every
-// operand with ldmatrix. The products are those of rounding at every read.
+// Every tensor-core operand is rounded to TF32 once, where it is stored (tf32r), and read with
+// ldmatrix: W, Q' and K~^T leave prep rounded (the scan only multiplies them), U and O0 leave it
+// in full f32 (the scan adds them). The products are those of rounding at every read.
 
 #define GC 64    // tokens per chunk
 #define GDK 128  // key dim
@@ -23,6 +23,9 @@
 // x rounded to TF32 (to nearest, ties away: cvt.rna), as an f32: cvt.rna.tf32.f32 clears the low
 // 13 bits, so a stored operand is exact for the tensor cores and rounding it again changes nothing.
 __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(tf32(x)); }
+
+// keep ? x : 0 without a branch (the masked-off x may be inf or NaN; it is computed either way).
+__device__ __forceinline__ float keep_if(bool keep, float x) { return __uint_as_float(__float_as_uint(x) & (keep ? ~0u : 0u)); }
 
 // Byte offsets of this lane's ldmatrix row for the first k step of a warp product (below): A
 // rows r0.. of a row-major [m][k] tile; B columns n0.. of an n-major [n][k] tile (stride ld floats).
@@ -64,29 +67,19 @@ __device__ __forceinline__ void warp_mma_xyt(float (*acc)[NT][4], unsigned xa, u
     }
 }
 
-// Warp-level TF32 products on f32 shared-memory tiles; g = lane / 4, c = lane % 4.
-// acc[MI][NT] (rows r0 + 16 mi.., columns n0..n0+8NT) += X[rows, :K] * B, with B[k][n] = Y[n][k]
-// (NMAJOR) or Z[k][n] (row-major [k][n]); the B fragments of a k step serve all MI row tiles.
-template <int MI, int NT, int K, bool NMAJOR>
-__device__ __forceinline__ void warp_mma_tf32(float (*acc)[NT][4], const float* x, int ldx, const float* y, int ldy, int r0, int n0) {
-    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+// Column col of T = (I + A)^-1 by forward substitution, x[i] = T[i][col], for a warp whose columns
+// are all >= J0: x[j] = 0 for j < col, so rows i < J0 are zero and the terms j < J0 of the later
+// rows are exact zeros, which are skipped (the partial sums stay +0 until their first other term,
+// so every x[i] is bit for bit that of the full loop while A is finite).
+template <int J0> __device__ __forceinline__ void fwd_subst(float* x, const float* am, int col) {
 #pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 8) {
-        unsigned b[NT][2];
+    for (int i = 0; i < J0; i++) x[i] = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            int n = n0 + nt * 8 + g;
-            b[nt][0] = tf32(NMAJOR ? y[n * ldy + k0 + c] : y[(k0 + c) * ldy + n]);
-            b[nt][1] = tf32(NMAJOR ? y[n * ldy + k0 + c + 4] : y[(k0 + c + 4) * ldy + n]);
-        }
+    for (int i = J0; i < GC; i++) {
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            int r = r0 + 16 * mi;
-            unsigned a[4] = {tf32(x[(r + g) * ldx + k0 + c]), tf32(x[(r + g + 8) * ldx + k0 + c]), tf32(x[(r + g) * ldx + k0 + c + 4]),
-                             tf32(x[(r + g + 8) * ldx + k0 + c + 4])};
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) mma_tf32(acc[mi][nt], a, b[nt][0], b[nt][1]);
-        }
+        for (int j = J0; j < i; j++) p[j & 3] += am[i * GLA + j] * x[j];
+        x[i] = (i == col ? 1.0f : 0.0f) - ((p[0] + p[1]) + (p[2] + p[3]));
     }
 }
 
@@ -113,121 +106,243 @@ template <int NT, typename F> __device__ __forceinline__ void each_acc2(float (*
         for (int hf = 0; hf < 2; hf++) f(r0 + g + 8 * hf, n0 + nt * 8 + c2, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
 }
 
-// Grid: (chunks, value_heads), 256 threads, dynamic shared memory (3 * 64 * GLD + 2 * 64 * GLA +
-// 2 * 64) floats. Outputs per (chunk, head) ch = chunk * value_heads + head: wq + ch * 128 * 128
-// (W and Q', TF32), kt + ch * 128 * 64 (K~^T, TF32), uo + ch * 128 * DV (U and O0, f32), decay[ch].
+// Shared memory of gdn_chunk_prep (floats): a region R of (128 + 128) * GLA, then am and qk
+// ([64][GLA] each), then cum, beta, 1/|q| and 1/|k| ([64] each). R holds q and k (TF32, [64][GLD]
+// each) for A and QK, then (beta k exp(c))^T [128][GLA] and (beta v)^T [DV][GLA], then W^T and
+// U^T in their place. am holds A (f32), then T (TF32); qk holds QK (TF32). 26368 floats, 103 KiB:
+// two blocks fit an SM.
+#define GP_R ((GDK + 128) * GLA)
+#define GP_SHARED (GP_R + 2 * GC * GLA + 4 * GC)
+
+// Grid: (chunks, value_heads), 256 threads, 2 blocks per SM, dynamic shared memory GP_SHARED
+// floats. Outputs per (chunk, head) ch = chunk * value_heads + head: wq + ch * 128 * 128 (W and Q',
+// TF32), kt + ch * 128 * 64 (K~^T, TF32), uo + ch * 128 * DV (U and O0, f32), decay[ch].
 template <int DV>
 __device__ __forceinline__ void gdn_chunk_prep(float* wq, float* kt, float* uo, float* decay, const bf16* q, const bf16* k, const bf16* v,
                                                const bf16* a, const bf16* b, const void* a_log, int a_log_dt, const void* dt_bias,
                                                int dt_bias_dt, int t, int key_heads, int value_heads, float qmul) {
-    constexpr int LV = DV + 4;
+    static_assert(DV <= 128 && GP_R >= 2 * GC * GLD, "R holds q and k, then (beta k exp(c))^T and (beta v)^T");
     extern __shared__ __align__(16) float gp_sh[];
-    float *qs = gp_sh, *ks = qs + GC * GLD, *vs = ks + GC * GLD, *am = vs + GC * GLD, *qk = am + GC * GLA;
-    float *cum = qk + GC * GLA, *beta = cum + GC;
+    float *qs = gp_sh, *ks = qs + GC * GLD, *kbt = gp_sh, *vbt = gp_sh + GDK * GLA;
+    float *am = gp_sh + GP_R, *qk = am + GC * GLA, *cum = qk + GC * GLA, *beta = cum + GC, *iqs = beta + GC, *iks = iqs + GC;
+    const unsigned s_q = smem_addr(gp_sh), s_k = s_q + GC * GLD * 4, s_kb = s_q, s_vb = s_q + GDK * GLA * 4;
+    const unsigned s_am = s_q + GP_R * 4, s_qk = s_am + GC * GLA * 4;
     int chunk = blockIdx.x, h = blockIdx.y, s0 = chunk * GC, len = min(GC, t - s0);
-    int kh = h / (value_heads / key_heads), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int kh = h / (value_heads / key_heads), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c2 = (lane & 3) * 2;
     long long ch = (long long)chunk * value_heads + h;
+    // Row r of this chunk's q or k (recomputed where used: cheaper than keeping 64-bit bases live).
+    auto row = [&](const bf16* x, int r) { return x + ((long long)(s0 + r) * key_heads + kh) * GDK; };
 
-    // q, k l2-normalised (q also times 1/sqrt(dk)), v, as f32; rows past the chunk are zero.
-    for (int r = warp; r < GC; r += 8) {
-        bool in = r < len;
-        long long qk_off = ((long long)(s0 + r) * key_heads + kh) * GDK + lane * 4;
-        float xq[4], xk[4], sq = 0.0f, sk = 0.0f;
-        for (int i = 0; i < 4; i++) {
-            xq[i] = in ? bf2f(q[qk_off + i]) : 0.0f;
-            xk[i] = in ? bf2f(k[qk_off + i]) : 0.0f;
-            sq += xq[i] * xq[i];
-            sk += xk[i] * xk[i];
-        }
-        float iq = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), ik = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
-        for (int i = 0; i < 4; i++) {
-            qs[r * GLD + lane * 4 + i] = xq[i] * iq * qmul;
-            ks[r * GLD + lane * 4 + i] = xk[i] * ik;
-        }
-        for (int d = lane; d < DV; d += 32) vs[r * LV + d] = in ? bf2f(v[((long long)(s0 + r) * value_heads + h) * DV + d]) : 0.0f;
-    }
-    float g = 0.0f;
     if (tid < GC) {
         long long ab = (long long)(s0 + tid) * value_heads + h;
         bool in = tid < len;
-        g = in ? -expf(ld(a_log, a_log_dt, h)) * softplusf(bf2f(a[ab]) + ld(dt_bias, dt_bias_dt, h)) : 0.0f;
+        float gv = in ? -expf(ld(a_log, a_log_dt, h)) * softplusf(bf2f(a[ab]) + ld(dt_bias, dt_bias_dt, h)) : 0.0f;
         beta[tid] = in ? sigmoidf(bf2f(b[ab])) : 0.0f;
-        cum[tid] = g;
+        cum[tid] = gv;
     }
-    __syncthreads();
-    if (tid == 0) {  // as torch's CPU cumsum: f64 accumulation, each prefix rounded to f32
-        double acc = 0.0;
-        for (int i = 0; i < GC; i++) {
-            acc += cum[i];
-            cum[i] = (float)acc;
+    // q, k l2-normalised (q also times 1/sqrt(dk)), TF32, for A and QK; rows past the chunk are
+    // zero. The norms stay for the f32 uses of q and k, which re-read them.
+    {
+        uint2 rq[GC / 8], rk[GC / 8];
+#pragma unroll
+        for (int m = 0; m < GC / 8; m++) {
+            int r = warp + 8 * m;
+            rq[m] = rk[m] = make_uint2(0, 0);
+            if (r < len) {
+                rq[m] = *(const uint2*)(row(q, r) + lane * 4);
+                rk[m] = *(const uint2*)(row(k, r) + lane * 4);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < GC / 8; m++) {
+            int r = warp + 8 * m;
+            float xq[4], xk[4], sq = 0.0f, sk = 0.0f;
+            bf16x2(rq[m].x, xq[0], xq[1]);
+            bf16x2(rq[m].y, xq[2], xq[3]);
+            bf16x2(rk[m].x, xk[0], xk[1]);
+            bf16x2(rk[m].y, xk[2], xk[3]);
+            for (int i = 0; i < 4; i++) {
+                sq += xq[i] * xq[i];
+                sk += xk[i] * xk[i];
+            }
+            float iq = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), ik = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
+            *(float4*)(qs + r * GLD + lane * 4) = make_float4(tf32r(xq[0] * iq * qmul), tf32r(xq[1] * iq * qmul), tf32r(xq[2] * iq * qmul), tf32r(xq[3] * iq * qmul));
+            *(float4*)(ks + r * GLD + lane * 4) = make_float4(tf32r(xk[0] * ik), tf32r(xk[1] * ik), tf32r(xk[2] * ik), tf32r(xk[3] * ik));
+            if (lane == 0) {
+                iqs[r] = iq;
+                iks[r] = ik;
+            }
         }
     }
     __syncthreads();
 
-    // A (warps 0-3) and QK (warps 4-7), 16 rows each.
+    // A (warps 0-3, from k) and QK (warps 4-7, from q): 32 x 32 tiles; warps 0 and 4 have the tile
+    // above the diagonal (all zero), so thread 0 computes the cumsum meanwhile.
     {
-        int r0 = (warp & 3) * 16;
-        float acc[1][8][4];
-        zero_acc<8>(acc[0]);
-        warp_mma_tf32<1, 8, GDK, true>(acc, warp < 4 ? ks : qs, GLD, ks, GLD, r0, 0);
-        each_acc<8>(acc[0], r0, 0, [&](int i, int j, float val) {
-            if (warp < 4) am[i * GLA + j] = j < i ? beta[i] * val * expf(cum[i] - cum[j]) : 0.0f;
-            else qk[i * GLA + j] = j <= i ? val * expf(cum[i] - cum[j]) : 0.0f;
-        });
+        int mat = warp >> 2, tt = warp & 3, rb = tt >> 1, cb = rb ^ (tt & 1) ^ 1;
+        float acc[2][4][4];
+        zero_acc<4>(acc[0]);
+        zero_acc<4>(acc[1]);
+        if (cb <= rb) warp_mma_xyt<2, 4, GDK, GLD, GLD>(acc, (mat ? s_q : s_k) + mma_a_lane(32 * rb, GLD), s_k + mma_b_lane(32 * cb, GLD));
+        if (tid == 0) {  // as torch's CPU cumsum: f64 accumulation, each prefix rounded to f32
+            double sum = 0.0;
+            for (int i = 0; i < GC; i++) {
+                sum += cum[i];
+                cum[i] = (float)sum;
+            }
+        }
+        __syncthreads();  // cum is complete; every warp is done reading q and k
+        // A = beta_i (k_i . k_j) G_ij below the diagonal (f32), QK = (q_i . k_j) G_ij on and below it
+        // (TF32); adjacent column pairs stored together.
+        float* dst = mat ? qk : am;
+        float cj[4][2];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            float2 cc = *(const float2*)(cum + 32 * cb + 8 * nt + c2);
+            cj[nt][0] = cc.x;
+            cj[nt][1] = cc.y;
+        }
+        auto tile = [&](auto f) {
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    int i = 32 * rb + 16 * mi + g + 8 * hf;
+                    float ci = cum[i], bi = beta[i];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        int j = 32 * cb + 8 * nt + c2;
+                        float o0 = f(i, j, ci, bi, cj[nt][0], acc[mi][nt][2 * hf]);
+                        float o1 = f(i, j + 1, ci, bi, cj[nt][1], acc[mi][nt][2 * hf + 1]);
+                        *(float2*)(dst + i * GLA + j) = make_float2(o0, o1);
+                    }
+                }
+        };
+        if (cb > rb) tile([](int, int, float, float, float, float) { return 0.0f; });  // above the diagonal
+        else if (mat == 0) tile([](int i, int j, float ci, float bi, float cj, float val) { return keep_if(j < i, bi * val * expf(ci - cj)); });
+        else tile([](int i, int j, float ci, float, float cj, float val) { return keep_if(j <= i, tf32r(val * expf(ci - cj))); });
     }
     __syncthreads();
 
     // T = (I + A)^-1 by forward substitution, one column per thread (warps 0-1), while warps 2-7
-    // write K~^T and turn k into beta k exp(c) and v into beta v in place.
+    // write K~^T and build (beta k exp(c))^T and (beta v)^T (TF32) from k and v, one token per
+    // thread: a lane's 16-byte reads of a row are 8 columns of the transpose, stored conflict-free.
     float x[GC];
-    if (tid < GC) {
-        int col = tid;
+    if (warp == 0) fwd_subst<0>(x, am, tid);
+    else if (warp == 1) fwd_subst<32>(x, am, tid);
+    else {
+        int j = tid % GC, grp = tid / GC - 1;  // token j, column groups grp, grp + 3, ...
+        bool in = j < len;
+        float c_last = cum[GC - 1], ik = iks[j], bj = beta[j], fj = expf(c_last - cum[j]), ej = expf(cum[j]);
+        const bf16* krow = row(k, j);
+        float* kt_j = kt + ch * GDK * GC + j;
+        for (int dg = grp; dg < GDK / 8; dg += 3) {
+            uint4 raw = make_uint4(0, 0, 0, 0);
+            if (in) raw = *(const uint4*)(krow + dg * 8);
+            float kv[8];
+            bf16x2(raw.x, kv[0], kv[1]);
+            bf16x2(raw.y, kv[2], kv[3]);
+            bf16x2(raw.z, kv[4], kv[5]);
+            bf16x2(raw.w, kv[6], kv[7]);
 #pragma unroll
-        for (int i = 0; i < GC; i++) {
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int e = 0; e < 8; e++) {
+                float kn = kv[e] * ik;
+                kt_j[(dg * 8 + e) * GC] = tf32r(kn * fj);
+                kbt[(dg * 8 + e) * GLA + j] = tf32r(kn * bj * ej);
+            }
+        }
+        const bf16* vrow = v + ((long long)(s0 + j) * value_heads + h) * DV;
+        for (int dg = grp; dg < DV / 8; dg += 3) {
+            uint4 raw = make_uint4(0, 0, 0, 0);
+            if (in) raw = *(const uint4*)(vrow + dg * 8);
+            float vv[8];
+            bf16x2(raw.x, vv[0], vv[1]);
+            bf16x2(raw.y, vv[2], vv[3]);
+            bf16x2(raw.z, vv[4], vv[5]);
+            bf16x2(raw.w, vv[6], vv[7]);
 #pragma unroll
-            for (int j = 0; j < i; j++) p[j & 3] += am[i * GLA + j] * x[j];
-            x[i] = (i == col ? 1.0f : 0.0f) - ((p[0] + p[1]) + (p[2] + p[3]));
+            for (int e = 0; e < 8; e++) vbt[(dg * 8 + e) * GLA + j] = tf32r(vv[e] * bj);
         }
-    } else {
-        float c_last = cum[GC - 1];
-        for (int idx = tid - GC; idx < GDK * GC; idx += 256 - GC) {
-            int d = idx / GC, j = idx % GC;
-            float kv = ks[j * GLD + d];
-            kt[ch * GDK * GC + idx] = tf32r(kv * expf(c_last - cum[j]));
-            ks[j * GLD + d] = kv * beta[j] * expf(cum[j]);
-        }
-        for (int idx = tid - GC; idx < GC * DV; idx += 256 - GC) vs[(idx / DV) * LV + idx % DV] *= beta[idx / DV];
         if (tid == GC) decay[ch] = expf(c_last);
     }
     __syncthreads();
     if (tid < GC)
 #pragma unroll
-        for (int i = 0; i < GC; i++) am[i * GLA + tid] = x[i];
+        for (int i = 0; i < GC; i++) am[i * GLA + tid] = tf32r(x[i]);  // T, upper triangle zero
     __syncthreads();
 
-    // W = T (beta k exp(c)), U = T (beta v): warp rows 16 (warp & 3), column half (warp >> 2).
-    int r0 = (warp & 3) * 16, half = warp >> 2;
-    float accw[1][8][4], accu[1][DV / 16][4];
-    zero_acc<8>(accw[0]);
-    zero_acc<DV / 16>(accu[0]);
-    warp_mma_tf32<1, 8, GC, false>(accw, am, GLA, ks, GLD, r0, half * 64);
-    warp_mma_tf32<1, DV / 16, GC, false>(accu, am, GLA, vs, LV, r0, half * DV / 2);
-    __syncthreads();  // every warp is done reading beta k exp(c) and beta v
+    // Warp tiles of the next two steps: row blocks rb[0] = 16 (warp & 1) and rb[1] = 48 - rb[0] (16
+    // rows each), W / Q' columns 32 (warp / 2), U / O0 columns DV / 4 (warp / 2). T and QK are lower
+    // triangular, so row block r takes k < r + 16 only: each warp's two blocks sum to 80 of k.
+    constexpr int NU = DV / 32;
+    const int pair = warp & 1, nw = 32 * (warp >> 1), nu = (DV / 4) * (warp >> 1);
+    const int rb[2] = {16 * pair, 48 - 16 * pair};
     float* wq_ch = wq + ch * 2 * GC * GDK;
     float* uo_ch = uo + ch * 2 * GC * DV;
-    each_acc<8>(accw[0], r0, half * 64, [&](int i, int d, float val) { ks[i * GLD + d] = wq_ch[i * GDK + d] = tf32r(val); });
-    each_acc<DV / 16>(accu[0], r0, half * DV / 2, [&](int i, int d, float val) { vs[i * LV + d] = uo_ch[i * DV + d] = val; });
+    float aw[2][4][4], au[2][NU][4];
+    // aw[b] += X[rb[b] rows, :K] (W^T or its source)^T, au[b] likewise with (U^T or its source).
+    auto products = [&](unsigned x, unsigned yw, unsigned yu) {
+        zero_acc<4>(aw[0]);
+        zero_acc<4>(aw[1]);
+        zero_acc<NU>(au[0]);
+        zero_acc<NU>(au[1]);
+        unsigned x0 = x + mma_a_lane(rb[0], GLA), x1 = x + mma_a_lane(rb[1], GLA);
+        yw += mma_b_lane(nw, GLA);
+        yu += mma_b_lane(nu, GLA);
+        if (pair == 0) {
+            warp_mma_xyt<1, 4, 16, GLA, GLA>(aw, x0, yw);
+            warp_mma_xyt<1, NU, 16, GLA, GLA>(au, x0, yu);
+            warp_mma_xyt<1, 4, 64, GLA, GLA>(aw + 1, x1, yw);
+            warp_mma_xyt<1, NU, 64, GLA, GLA>(au + 1, x1, yu);
+        } else {
+            warp_mma_xyt<1, 4, 32, GLA, GLA>(aw, x0, yw);
+            warp_mma_xyt<1, NU, 32, GLA, GLA>(au, x0, yu);
+            warp_mma_xyt<1, 4, 48, GLA, GLA>(aw + 1, x1, yw);
+            warp_mma_xyt<1, NU, 48, GLA, GLA>(au + 1, x1, yu);
+        }
+    };
+
+    // W = T (beta k exp(c)), U = T (beta v).
+    products(s_am, s_kb, s_vb);
+#pragma unroll
+    for (int bl = 0; bl < 2; bl++) {
+        each_acc2<4>(aw[bl], rb[bl], nw, [&](int i, int d, float v0, float v1) { *(float2*)(wq_ch + i * GDK + d) = make_float2(tf32r(v0), tf32r(v1)); });
+        each_acc2<NU>(au[bl], rb[bl], nu, [&](int i, int d, float v0, float v1) { *(float2*)(uo_ch + i * DV + d) = make_float2(v0, v1); });
+    }
+    __syncthreads();  // every warp is done reading (beta k exp(c))^T and (beta v)^T
+#pragma unroll
+    for (int bl = 0; bl < 2; bl++) {
+        each_acc<4>(aw[bl], rb[bl], nw, [&](int i, int d, float val) { kbt[d * GLA + i] = tf32r(val); });
+        each_acc<NU>(au[bl], rb[bl], nu, [&](int i, int d, float val) { vbt[d * GLA + i] = tf32r(val); });
+    }
     __syncthreads();
 
-    // Q' = q exp(c) - QK W and O0 = QK U.
-    zero_acc<8>(accw[0]);
-    zero_acc<DV / 16>(accu[0]);
-    warp_mma_tf32<1, 8, GC, false>(accw, qk, GLA, ks, GLD, r0, half * 64);
-    warp_mma_tf32<1, DV / 16, GC, false>(accu, qk, GLA, vs, LV, r0, half * DV / 2);
-    each_acc<8>(accw[0], r0, half * 64,
-                [&](int i, int d, float val) { wq_ch[(GC + i) * GDK + d] = tf32r(qs[i * GLD + d] * expf(cum[i]) - val); });
-    each_acc<DV / 16>(accu[0], r0, half * DV / 2, [&](int i, int d, float val) { uo_ch[(GC + i) * DV + d] = val; });
+    // Q' = q exp(c) - QK W and O0 = QK U; q in f32 again from its bf16 rows and norms.
+    products(s_qk, s_kb, s_vb);
+#pragma unroll
+    for (int bl = 0; bl < 2; bl++) {
+        unsigned qr[4][2];  // q[i][d, d + 1] as bf16 pairs
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                int i = rb[bl] + g + 8 * hf;
+                qr[nt][hf] = i < len ? *(const unsigned*)(row(q, i) + nw + 8 * nt + c2) : 0u;
+            }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int i = rb[bl] + g + 8 * hf;
+            float iq = iqs[i], ei = expf(cum[i]);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                float x0, x1;
+                bf16x2(qr[nt][hf], x0, x1);
+                *(float2*)(wq_ch + (GC + i) * GDK + nw + 8 * nt + c2) =
+                    make_float2(tf32r(x0 * iq * qmul * ei - aw[bl][nt][2 * hf]), tf32r(x1 * iq * qmul * ei - aw[bl][nt][2 * hf + 1]));
+            }
+        }
+        each_acc2<NU>(au[bl], rb[bl], nu, [&](int i, int d, float v0, float v1) { *(float2*)(uo_ch + (GC + i) * DV + d) = make_float2(v0, v1); });
+    }
 }
 
 #define GS_BV 32   // value columns per scan block
@@ -367,7 +482,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
 }
 
 #define GDN_KERNELS(DV)                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_v##DV(                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_v##DV(                                                      \
         float* wq, float* kt, float* uo, float* decay, const bf16* q, const bf16* k, const bf16* v, const bf16* a, const bf16* b,     \
         const void* a_log, int a_log_dt, const void* dt_bias, int dt_bias_dt, int t, int key_heads, int value_heads, float qmul) {   \
         gdn_chunk_prep<DV>(wq, kt, uo, decay, q, k, v, a, b, a_log, a_log_dt, dt_bias, dt_bias_dt, t, key_heads, value_heads, qmul); \

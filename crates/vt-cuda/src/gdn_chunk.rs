@@ -15,8 +15,9 @@ use crate::CudaBackend;
 const CHUNK: usize = 64;
 const KEY_DIM: usize = 128;
 const SCAN_COLS: usize = 32;
-/// Dynamic shared memory (bytes) of gdn_chunk_prep and gdn_chunk_scan, as their comments give.
-const PREP_SHARED: usize = (3 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
+/// Dynamic shared memory (bytes) of gdn_chunk_prep (`GP_SHARED` floats, 2 blocks per SM) and
+/// gdn_chunk_scan, as their comments give.
+const PREP_SHARED: usize = ((128 + 128) * 68 + 2 * 64 * 68 + 4 * 64) * 4;
 const SCAN_SHARED: usize = (2 * 128 * 132 + 2 * 128 * 68 + 32 * 132 + 32 * 68) * 4;
 /// Threads of either kernel's block.
 const THREADS: u32 = 256;
@@ -94,8 +95,9 @@ pub(crate) fn run(
     // SAFETY: gdn_chunk_prep_v{dv}(float* wq, float* kt, float* uo, float* decay, const bf16* q,
     // k, v, a, b, const void* a_log, int, const void* dt_bias, int, int t, int key_heads, int
     // value_heads, float qmul): one block of 256 threads per (chunk, value head), PREP_SHARED
-    // bytes (allowed above); the scratch holds chunks * value_heads blocks of each output; inputs
-    // as `Operands`.
+    // bytes (allowed above); the scratch holds chunks * value_heads blocks of each output; it reads
+    // q, k, v rows of tokens < t only, 16-byte aligned (128-element key rows, dv a multiple of 8);
+    // inputs as `Operands`.
     launched(unsafe { l.launch(cfg) }, names[0])?;
 
     allow_shared(scan, SCAN_SHARED, names[1])?;
