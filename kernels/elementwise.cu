@@ -1,5 +1,6 @@
 // Row-wise and elementwise ops on bf16 activations (f32 arithmetic): embedding, gated RMSNorm,
-// add, SwiGLU, gates, column narrowing and rotary embedding (plain RMSNorm: add_norm.cu).
+// add, SwiGLU, gates, column narrowing, rotary embedding and greedy argmax (plain RMSNorm:
+// add_norm.cu).
 
 // out[i, :] = table[ids[i], :]. Grid: one block per token.
 extern "C" __global__ void embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden) {
@@ -80,4 +81,34 @@ extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int 
     float c = cosf(a) * scaling, s = sinf(a) * scaling;
     float x1 = bf2f(x[head + f]), x2 = bf2f(x[head + f + half]);
     out[i] = f2bf(j < half ? x1 * c - x2 * s : x2 * c + x1 * s);
+}
+
+// out[r] = vt_core::argmax of row r of x [rows, n]: the index of the largest value, the first on
+// ties; a NaN never wins, and a NaN first value is never displaced. Grid: one block per row, up to
+// 1024 threads. Each thread folds its values in index order, then the block keeps, of two
+// candidates, the larger value or on a tie the lower index (NaNs never become candidates).
+extern "C" __global__ void argmax_rows(unsigned* out, const bf16* x, int n) {
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    const int none = 0x7fffffff;
+    const bf16* row = x + (long long)blockIdx.x * n;
+    float bv = __int_as_float(0xff800000);
+    int bi = none;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = bf2f(row[i]);
+        if (v > bv || (bi == none && !isnan(v))) { bv = v; bi = i; }
+    }
+    auto better = [&](float ov, int oi) {
+        if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+    };
+    for (int o = 16; o > 0; o >>= 1) better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { wv[warp] = bv; wi[warp] = bi; }
+    __syncthreads();
+    if (warp != 0) return;
+    bv = __int_as_float(0xff800000);
+    bi = none;
+    if (lane < (int)(blockDim.x >> 5)) { bv = wv[lane]; bi = wi[lane]; }
+    for (int o = 16; o > 0; o >>= 1) better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) out[blockIdx.x] = (bi == none || isnan(bf2f(row[0]))) ? 0u : (unsigned)bi;
 }

@@ -199,6 +199,11 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// Zeros in `activation_dtype` (convolution state).
     fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>>;
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
+    /// `argmax` of each row of `x` (greedy decoding's token per row). A backend may pick on the
+    /// device and read back only the indices; the default reads the rows back.
+    fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
+        argmax_rows_composed(self, x)
+    }
 
     // ---- ops ----
     /// Rows of `table` `[vocab, hidden]` for `ids` -> `[ids.len(), hidden]`.
@@ -357,6 +362,22 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     }
 }
 
+/// `Backend::argmax_rows` from the rows read back (the default, and a device backend's fallback).
+pub fn argmax_rows_composed<B: Backend>(b: &B, x: &Tensor<B>) -> Result<Vec<u32>> {
+    let width = x.last_dim();
+    if width == 0 {
+        return Err(crate::Error::input(format!("argmax_rows: rows of no values {:?}", x.shape())));
+    }
+    Ok(b.to_f32(x)?.chunks(width).map(|row| argmax(row) as u32).collect())
+}
+
+/// The index of the largest value of `row`, the first on ties; a NaN never wins, except at index
+/// 0, where it is never displaced (the greedy rule: vt's sampler, and every `argmax_rows`).
+/// An empty row gives 0.
+pub fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+}
+
 /// `Backend::moe_block` from the primitive ops (the default, and a fused backend's fallback).
 pub fn moe_block_composed<B: Backend>(
     b: &B,
@@ -389,4 +410,21 @@ pub fn gated_delta_step_composed<B: Backend>(
         b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[1, s.value_heads, s.value_dim])?;
     let inputs = GdnInputs { q: &q, k: &k, v: &v, a: s.a, b: s.b, a_log: s.a_log, dt_bias: s.dt_bias };
     b.gated_delta_rule(&inputs, state, GdnMode::Recurrent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_largest_and_skips_nan_after_the_first_value() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
+        assert_eq!(argmax(&[-inf, -inf, -inf]), 0);
+        assert_eq!(argmax(&[-inf, -1.0, -inf]), 1);
+        assert_eq!(argmax(&[0.5, nan, 0.7, nan]), 2);
+        assert_eq!(argmax(&[nan, 5.0, 9.0]), 0);
+        assert_eq!(argmax(&[2.0, inf, inf]), 1);
+        assert_eq!(argmax(&[]), 0);
+    }
 }

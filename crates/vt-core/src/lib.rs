@@ -13,7 +13,8 @@ pub mod tensor;
 pub mod weights;
 
 pub use backend::{
-    AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope, SharedExpert,
+    argmax, AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope,
+    SharedExpert,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -254,6 +254,30 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    /// One block per bf16 row picks on the device; only the indices are read back.
+    fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
+        let (rows, n) = (x.rows(), x.last_dim());
+        if x.dtype() != DType::BF16 || n == 0 || rows == 0 {
+            return vt_core::backend::argmax_rows_composed(self, x);
+        }
+        check(self.recording().is_none(), "argmax_rows", || "a recorder runs nothing to read back".into())?;
+        let ids = self.buffer(rows * 4)?;
+        let (pi, px, ni) = (ids.ptr(), x.buffer().ptr(), i32_of(n, "row width")?);
+        let mut l = self.stream().launch_builder(&self.k().argmax_rows);
+        l.arg(&pi).arg(&px).arg(&ni);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argmax_rows(unsigned* out, const bf16* x, int n): one block of 1024 threads per
+        // row; x holds rows * n bf16 values, out rows indices.
+        launched(unsafe { l.launch(cfg) }, "argmax_rows")?;
+        let mut out = vec![0u32; rows];
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: `out` holds exactly the rows * 4 bytes copied; we wait for the copy below.
+        unsafe { result::memcpy_dtoh_async(&mut out, pi, self.stream().cu_stream()) }
+            .map_err(|e| driver_err("device-to-host copy", e))?;
+        self.synchronize()?;
+        Ok(out)
+    }
+
     fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
         let [vocab, hidden] = *table.shape() else {
             return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));

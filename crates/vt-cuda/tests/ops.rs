@@ -758,6 +758,35 @@ fn add_rms_norm_fused() {
     }
 }
 
+/// Greedy picks on the device are vt_core::argmax of each row, exactly: ties, NaNs and infinities
+/// included, over a vocabulary-sized row and short ones.
+#[test]
+fn argmax_rows_on_the_device_is_the_greedy_rule() {
+    let gpu = &cuda();
+    let mut r = Rng(0xa59a);
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    for n in [248_320, 1000, 33, 1] {
+        // bf16 of values in [-4, 4): many exact ties at the maximum.
+        let mut rows: Vec<Vec<f32>> = (0..5).map(|_| r.vec(n, 4.0)).collect();
+        if n > 2 {
+            rows[1][0] = nan;
+            rows[2][n / 2] = nan;
+            rows[2][n - 1] = inf;
+            rows[3].iter_mut().for_each(|v| *v = -inf);
+            rows[4].iter_mut().step_by(2).for_each(|v| *v = nan);
+        }
+        let flat: Vec<f32> = rows.concat();
+        let want: Vec<u32> = rows.iter().map(|row| vt_core::argmax(row) as u32).collect();
+        let x = gpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        assert_eq!(gpu.argmax_rows(&x).unwrap(), want, "width {n}");
+        let cpu = CpuBackend::new();
+        assert_eq!(
+            cpu.argmax_rows(&cpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap()).unwrap(),
+            want
+        );
+    }
+}
+
 fn norm_weight<B: Backend>(b: &B, w: &[f32], f32_weight: bool) -> Tensor<B> {
     if f32_weight {
         b.upload(DType::F32, &[w.len()], bytemuck_f32(w)).unwrap()

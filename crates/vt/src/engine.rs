@@ -183,6 +183,12 @@ struct Running<B: Backend> {
     reserve: usize,
 }
 
+/// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
+enum Picks {
+    Ids(Vec<u32>),
+    Logits(Vec<f32>),
+}
+
 /// The engine's core, driven by `step`. `EngineHandle` runs one on its own thread.
 pub struct Engine<B: Backend> {
     model: Model<B>,
@@ -252,6 +258,10 @@ impl<B: Backend> Engine<B> {
             take[i] = self.running[i].pending.len().min(budget);
             budget -= take[i];
         }
+        // A sequence needs a token when this step ends its pending tokens. When all that do are
+        // greedy, the tokens are picked where the logits are and only they are read back.
+        let greedy =
+            (self.running.iter().zip(&take)).all(|(s, &n)| n == 0 || n < s.pending.len() || s.sampler.is_greedy());
         let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
             .running
             .iter_mut()
@@ -262,11 +272,14 @@ impl<B: Backend> Engine<B> {
         if batch.is_empty() {
             return 0;
         }
-        let logits = self.model.forward_batch(&mut batch).and_then(|l| self.model.backend().to_f32(&l));
+        let backend = self.model.backend();
+        let picks = self.model.forward_batch(&mut batch).and_then(|l| {
+            Ok(if greedy { Picks::Ids(backend.argmax_rows(&l)?) } else { Picks::Logits(backend.to_f32(&l)?) })
+        });
         drop(batch);
         let ran = take.iter().sum();
-        let logits = match logits {
-            Ok(l) => l,
+        let picks = match picks {
+            Ok(p) => p,
             Err(e) => {
                 // The states of every sequence in the batch are now unusable.
                 let msg = e.to_string();
@@ -282,12 +295,14 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             s.pending.drain(..take[i]);
-            let logits = &logits[row * vocab..(row + 1) * vocab];
             row += 1;
             if !s.pending.is_empty() {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
-            let id = s.sampler.sample(logits);
+            let id = match &picks {
+                Picks::Ids(ids) => s.sampler.accept(ids[row - 1]),
+                Picks::Logits(logits) => s.sampler.sample(&logits[(row - 1) * vocab..row * vocab]),
+            };
             s.generated += 1;
             events[i] = if !(s.sink)(Event::Token(id)) {
                 Some(Event::Done(Finish::Cancelled))

@@ -92,6 +92,18 @@ impl Sampler {
         let mut logits = logits.to_vec();
         self.penalize(&mut logits);
         let id = self.pick(&logits);
+        self.accept(id)
+    }
+
+    /// Whether `sample` is the plain argmax of the logits (greedy, no penalty): then the token can
+    /// be picked where the logits are (`Backend::argmax_rows`) and given to `accept`.
+    pub fn is_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
+    /// Records `id`, picked elsewhere, as generated; returns it.
+    pub fn accept(&mut self, id: u32) -> u32 {
         *self.generated.entry(id).or_default() += 1;
         id
     }
@@ -117,7 +129,7 @@ impl Sampler {
 
     fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let argmax = logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best });
+        let argmax = vt_core::argmax(logits);
         if p.temperature == 0.0 {
             return argmax as u32;
         }

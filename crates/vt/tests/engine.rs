@@ -80,6 +80,40 @@ fn batched_greedy_equals_alone_on_every_fixture() {
     }
 }
 
+/// Greedy sequences batched with sampled and penalised ones (whose step reads the logits back)
+/// and alone (whose steps take `argmax_rows`) get the same tokens, each from its own row.
+#[test]
+fn greedy_sampled_and_penalised_sequences_batch_as_alone() {
+    const GEN: usize = 8;
+    let b = CpuBackend::new();
+    let dir = fixture("qwen3moe");
+    let ps = prompts(Model::load(&b, &dir).unwrap().spec().vocab, 3);
+    let sampling = [
+        SamplingParams::greedy(),
+        SamplingParams { temperature: 0.8, seed: 7, ..Default::default() },
+        SamplingParams { repetition_penalty: 1.3, ..Default::default() },
+    ];
+    let run = |which: &[usize]| {
+        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default());
+        let logs: Vec<Log> = which
+            .iter()
+            .map(|&i| {
+                let (log, sink) = collect();
+                let req = Request { sampling: sampling[i].clone(), ..request(ps[i].clone(), GEN) };
+                engine.add(req, sink).unwrap();
+                log
+            })
+            .collect();
+        run_to_end(&mut engine);
+        logs.iter().map(tokens).collect::<Vec<_>>()
+    };
+    let together = run(&[0, 1, 2]);
+    for i in 0..3 {
+        assert_eq!(together[i], run(&[i])[0], "sequence {i} ({:?})", sampling[i]);
+        assert_eq!(together[i].len(), GEN);
+    }
+}
+
 fn small_engine(config: EngineConfig) -> Engine<CpuBackend> {
     Engine::new(Model::load(&CpuBackend::new(), &fixture("qwen3moe")).unwrap(), config)
 }
