@@ -6,29 +6,37 @@
 // Positions per block (4 warps, each 4 positions at a time with their K and V rows in flight).
 #define ATT_DEC_SPLIT 64
 #define ATT_DEC_MAX_D 256
-
 // part[(h * splits + s) * (d + 2) + j]: j < d the split's output (sum of exp(score - m) * v),
-// j = d its max m, j = d + 1 its sum of exp(score - m). Grid (splits, q_heads), 128 threads.
-// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start` (or `*start_at` when that is
-// not null), its own k/v in k, v. Splits past the visible positions write an empty partial
-// (max -inf, sum 0), which the combine weighs 0: a recorded step sizes its grid for the cache's
-// capacity once.
-extern "C" __global__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
-                                          int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale,
-                                          int splits) {
+// j = d its max m, j = d + 1 its sum of exp(score - m). Grid (splits, kv_heads * ceil(group / H)),
+// 128 threads: block y serves query heads h0 .. h0 + nh - 1 (nh <= H) of KV head
+// y / ceil(group / H), and each K and V row it loads serves all of them, so a GQA group of G heads
+// reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
+// position `start` (or `*start_at` when that is not null), its own k/v in k, v. Splits past the
+// visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0: a
+// recorded step sizes its grid for the cache's capacity once.
+template <int H>
+__device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
+                                               int q_heads, int kv_heads, int d, int start, const int* start_at, int window,
+                                               float scale, int splits) {
     grid_dep_begin();
     if (start_at) start = *start_at;
-    __shared__ float wm[4], wl[4], wacc[4][ATT_DEC_MAX_D];
+    __shared__ float wm[4][H], wl[4][H], wacc[4][H][ATT_DEC_MAX_D];
     const float NEG_INF = __int_as_float(0xff800000);
-    int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int kvh = h / (q_heads / kv_heads), row = kv_heads * d;
+    int group = q_heads / kv_heads, per_kv = (group + H - 1) / H;
+    int s = blockIdx.x, kvh = blockIdx.y / per_kv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int h0 = kvh * group + blockIdx.y % per_kv * H, nh = min(H, (kvh + 1) * group - h0), row = kv_heads * d;
     int lo = window > 0 ? max(0, start + 1 - window) : 0;
     int p0 = lo + s * ATT_DEC_SPLIT, p1 = min(p0 + ATT_DEC_SPLIT, start + 1);
     bool on = lane * 8 < d;
-    float qf[8], acc[8], m = NEG_INF, l = 0.0f;
+    float qf[H][8], acc[H][8], m[H], l[H];
 #pragma unroll
-    for (int j = 0; j < 8; j++) { qf[j] = 0.0f; acc[j] = 0.0f; }
-    if (on) load_x8(q + (long long)h * d + lane * 8, qf);
+    for (int i = 0; i < H; i++) {
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) { qf[i][j] = 0.0f; acc[i][j] = 0.0f; }
+        if (on && i < nh) load_x8(q + (long long)(h0 + i) * d + lane * 8, qf[i]);
+    }
     for (int pb = p0 + warp * 4; pb < p1; pb += 16) {
         uint4 kr[4], vr[4];
 #pragma unroll
@@ -45,51 +53,82 @@ extern "C" __global__ void attn_dec_split(float* part, const bf16* q, const bf16
                 vr[j] = kr[j];
             }
         }
-        float sc[4], mn = m;
+        // sc[j][i]: position pb + j's score for head h0 + i, then its softmax weight.
+        float sc[4][H];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float kf[8];
             bf16x2(kr[j].x, kf[0], kf[1]); bf16x2(kr[j].y, kf[2], kf[3]); bf16x2(kr[j].z, kf[4], kf[5]); bf16x2(kr[j].w, kf[6], kf[7]);
-            float dot = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; e++) dot += qf[e] * kf[e];
-            dot = warp_sum(dot) * scale;
-            sc[j] = pb + j < p1 ? dot : NEG_INF;
-            mn = fmaxf(mn, sc[j]);
+            for (int i = 0; i < H; i++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) dot += qf[i][e] * kf[e];
+                dot = warp_sum(dot) * scale;
+                sc[j][i] = pb + j < p1 ? dot : NEG_INF;
+            }
         }
-        float corr = expf(m - mn);
-        l *= corr;
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] *= corr;
+        for (int i = 0; i < H; i++) {
+            float mn = m[i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) mn = fmaxf(mn, sc[j][i]);
+            float corr = expf(m[i] - mn);
+            l[i] *= corr;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[i][e] *= corr;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                sc[j][i] = expf(sc[j][i] - mn);
+                l[i] += sc[j][i];
+            }
+            m[i] = mn;
+        }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            float w = expf(sc[j] - mn), vf[8];
+            float vf[8];
             bf16x2(vr[j].x, vf[0], vf[1]); bf16x2(vr[j].y, vf[2], vf[3]); bf16x2(vr[j].z, vf[4], vf[5]); bf16x2(vr[j].w, vf[6], vf[7]);
-            l += w;
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] += w * vf[e];
+            for (int i = 0; i < H; i++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[i][e] += sc[j][i] * vf[e];
         }
-        m = mn;
     }
-    if (lane == 0) { wm[warp] = m; wl[warp] = l; }
-    if (on)
 #pragma unroll
-        for (int e = 0; e < 8; e++) wacc[warp][lane * 8 + e] = acc[e];
-    __syncthreads();
-    float M = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3]));
-    float* out = part + ((long long)h * splits + s) * (d + 2);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < 4; w++) a += wm[w] == NEG_INF ? 0.0f : wacc[w][j] * expf(wm[w] - M);
-        out[j] = a;
+    for (int i = 0; i < H; i++) {
+        if (lane == 0) { wm[warp][i] = m[i]; wl[warp][i] = l[i]; }
+        if (on)
+#pragma unroll
+            for (int e = 0; e < 8; e++) wacc[warp][i][lane * 8 + e] = acc[i][e];
     }
-    if (threadIdx.x == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < 4; w++) L += wm[w] == NEG_INF ? 0.0f : wl[w] * expf(wm[w] - M);
+    __syncthreads();
+    for (int x = threadIdx.x; x < nh * d; x += blockDim.x) {
+        int i = x / d, j = x % d;
+        float M = fmaxf(fmaxf(wm[0][i], wm[1][i]), fmaxf(wm[2][i], wm[3][i])), a = 0.0f;
+        for (int w = 0; w < 4; w++) a += wm[w][i] == NEG_INF ? 0.0f : wacc[w][i][j] * expf(wm[w][i] - M);
+        part[((long long)(h0 + i) * splits + s) * (d + 2) + j] = a;
+    }
+    if ((int)threadIdx.x < nh) {
+        int i = threadIdx.x;
+        float M = fmaxf(fmaxf(wm[0][i], wm[1][i]), fmaxf(wm[2][i], wm[3][i])), L = 0.0f;
+        for (int w = 0; w < 4; w++) L += wm[w][i] == NEG_INF ? 0.0f : wl[w][i] * expf(wm[w][i] - M);
+        float* out = part + ((long long)(h0 + i) * splits + s) * (d + 2);
         out[d] = M;
         out[d + 1] = L;
     }
 }
+
+// H = 4 for head dims up to 128 (H200, 4000 cached keys: Laguna's 64 / 8 heads 49.7 -> 36.6 µs);
+// H = 1 at d = 256, where four heads' accumulators cost more than the reads they save (Qwen3.5's
+// 16 / 2 heads: 24.7 µs with H = 1, 33.4 with H = 4).
+#define ATT_DEC_SPLIT_KERNEL(NAME, H)                                                                                             \
+    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,      \
+                                    int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale,     \
+                                    int splits) {                                                                                  \
+        attn_dec_split<H>(part, q, k, v, kc, vc, q_heads, kv_heads, d, start, start_at, window, scale, splits);                  \
+    }
+ATT_DEC_SPLIT_KERNEL(attn_dec_split_h1, 1)
+ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
 
 // out[h, :] = the splits of head h merged. Grid: q_heads, 256 threads.
 extern "C" __global__ void attn_dec_combine(bf16* out, const float* part, int d, int splits) {

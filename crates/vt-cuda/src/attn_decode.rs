@@ -62,7 +62,9 @@ pub(crate) fn launch(
         i32_of(window, "window")?,
         i32_of(splits, "splits")?,
     );
-    let mut l = Overlapped::new(b, &b.k().attn_dec_split);
+    // Query heads a block serves (H of attn_dec_split_h*): 4 up to d = 128, 1 above.
+    let (split, heads) = if d <= 128 { (&b.k().attn_dec_split_h4, 4) } else { (&b.k().attn_dec_split_h1, 1) };
+    let mut l = Overlapped::new(b, split);
     l.arg(&pp)
         .arg(&o.q)
         .arg(&o.k)
@@ -77,11 +79,16 @@ pub(crate) fn launch(
         .arg(&wi)
         .arg(&scale)
         .arg(&sp);
-    let cfg =
-        LaunchConfig { grid_dim: (splits as u32, q_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: attn_dec_split(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d, int
-    // start, const int* start_at, int window, float scale, int splits): grid (splits, q_heads) of
-    // 128 threads covering the `visible` positions; d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
+    let blocks_per_kv = (q_heads / kv_heads).div_ceil(heads);
+    let cfg = LaunchConfig {
+        grid_dim: (splits as u32, (kv_heads * blocks_per_kv) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: attn_dec_split_h{H}(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d,
+    // int start, const int* start_at, int window, float scale, int splits) with H = heads: grid
+    // (splits, kv_heads * ceil(group / H)) of 128 threads covering the `visible` positions and every
+    // query head (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
     // d], k/v [1, kv_heads, d], the cache holds every earlier visible position (kv.rs reserved it);
     // part holds q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position.
     // The kernel starts with grid_dep_begin.

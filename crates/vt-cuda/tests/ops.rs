@@ -686,7 +686,8 @@ fn attention_decode_long_cache() {
     // A prefill of several splits, then decode steps; windowed: the window spans splits.
     let steps = [300usize, 1, 1, 1];
     let total: usize = steps.iter().sum();
-    for (hq, hkv, d) in [(16, 2, 256), (4, 4, 64)] {
+    // Groups of 8 (two blocks of 4 heads per KV head at d <= 128), 1, and 6 (a block of 4 and one of 2).
+    for (hq, hkv, d) in [(16, 2, 256), (4, 4, 64), (12, 2, 128)] {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(130)] {
             let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
