@@ -67,19 +67,41 @@ __device__ __forceinline__ void warp_mma_xyt(float (*acc)[NT][4], unsigned xa, u
     }
 }
 
-// Column col of T = (I + A)^-1 by forward substitution, x[i] = T[i][col], for a warp whose columns
-// are all >= J0: x[j] = 0 for j < col, so rows i < J0 are zero and the terms j < J0 of the later
-// rows are exact zeros, which are skipped (the partial sums stay +0 until their first other term,
-// so every x[i] is bit for bit that of the full loop while A is finite).
-template <int J0> __device__ __forceinline__ void fwd_subst(float* x, const float* am, int col) {
+// A is stored in shared memory with its columns permuted, j -> a_perm(j): column class q = j % 4
+// at 16 q + 4 (q / 2) (columns j = 4 m + q at + m), so that a thread of class q reads its row's
+// terms with 16-byte loads, and the four classes' 16-byte chunks of a row hit distinct banks.
+__device__ __forceinline__ int a_perm(int j) { return 16 * (j & 3) + 4 * ((j >> 1) & 1) + (j >> 2); }
+
+// Column col of T = (I + A)^-1 by forward substitution, four threads per column (consecutive
+// lanes, q = lane % 4): x[i] = T[i][col] = (i == col) - ((p0 + p1) + (p2 + p3)) with p_q the
+// fused multiply-add sum, j ascending, of A[i][j] x[j] over j < i, j % 4 == q. Thread q forms p_q
+// and keeps xm[m] = x[4 m + q]; two xor shuffles give every thread of the four (p0 + p1) + (p2 +
+// p3), added in that pairing (f32 addition is commutative, so all four lanes get the same bits).
+// That is bit for bit the one-thread-per-column loop with p[j & 3] += A[i][j] x[j].
+// The terms j = 4 m + q >= i that a row's last m adds are A[i][j] x[j] = (+0)(+0): A is +0 on and
+// above the diagonal and x[j] is still +0. A p_q is never -0 (it starts +0, and an exactly zero
+// fused sum is +0 unless both parts are -0), so adding a zero leaves it unchanged. For a warp whose
+// columns are all >= J0 (J0 a multiple of 16), x[j] = +0 for j < J0 (rows before col give 0 - (+0)),
+// so rows i < J0 and terms j < J0 are skipped: the same bits while A is finite.
+// amq = am + a_perm(q): A[i][4 m + q] is amq[i * GLA + m].
+template <int J0> __device__ __forceinline__ void fwd_subst(float* xm, const float* amq, int col, int q) {
+    static_assert(J0 % 16 == 0, "16-byte loads of A start at m = J0 / 4");
 #pragma unroll
-    for (int i = 0; i < J0; i++) x[i] = 0.0f;
+    for (int m = 0; m < GC / 4; m++) xm[m] = 0.0f;
 #pragma unroll
     for (int i = J0; i < GC; i++) {
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float p = 0.0f;
+        float4 a4;
 #pragma unroll
-        for (int j = J0; j < i; j++) p[j & 3] += am[i * GLA + j] * x[j];
-        x[i] = (i == col ? 1.0f : 0.0f) - ((p[0] + p[1]) + (p[2] + p[3]));
+        for (int m = J0 / 4; m < (i + 3) / 4; m++) {
+            if (m % 4 == 0) a4 = *(const float4*)(amq + i * GLA + m);
+            float a = m % 4 == 0 ? a4.x : m % 4 == 1 ? a4.y : m % 4 == 2 ? a4.z : a4.w;
+            p = fmaf(a, xm[m], p);
+        }
+        float s = p + __shfl_xor_sync(0xffffffffu, p, 1);
+        s = s + __shfl_xor_sync(0xffffffffu, s, 2);
+        float xi = (i == col ? 1.0f : 0.0f) - s;
+        if ((i & 3) == q) xm[i >> 2] = xi;
     }
 }
 
@@ -109,7 +131,7 @@ template <int NT, typename F> __device__ __forceinline__ void each_acc2(float (*
 // Shared memory of gdn_chunk_prep (floats): a region R of (128 + 128) * GLA, then am and qk
 // ([64][GLA] each), then cum, beta, 1/|q| and 1/|k| ([64] each). R holds q and k (TF32, [64][GLD]
 // each) for A and QK, then (beta k exp(c))^T [128][GLA] and (beta v)^T [DV][GLA], then W^T and
-// U^T in their place. am holds A (f32), then T (TF32); qk holds QK (TF32). 26368 floats, 103 KiB:
+// U^T in their place. am holds A (f32, columns permuted), then T (TF32); qk holds QK (TF32). 26368 floats, 103 KiB:
 // two blocks fit an SM.
 #define GP_R ((GDK + 128) * GLA)
 #define GP_SHARED (GP_R + 2 * GC * GLA + 4 * GC)
@@ -192,8 +214,8 @@ __device__ __forceinline__ void gdn_chunk_prep(float* wq, float* kt, float* uo, 
             }
         }
         __syncthreads();  // cum is complete; every warp is done reading q and k
-        // A = beta_i (k_i . k_j) G_ij below the diagonal (f32), QK = (q_i . k_j) G_ij on and below it
-        // (TF32); adjacent column pairs stored together.
+        // A = beta_i (k_i . k_j) G_ij below the diagonal (f32, columns permuted: a_perm), QK = (q_i .
+        // k_j) G_ij on and below it (TF32, adjacent column pairs stored together).
         float* dst = mat ? qk : am;
         float cj[4][2];
 #pragma unroll
@@ -214,7 +236,12 @@ __device__ __forceinline__ void gdn_chunk_prep(float* wq, float* kt, float* uo, 
                         int j = 32 * cb + 8 * nt + c2;
                         float o0 = f(i, j, ci, bi, cj[nt][0], acc[mi][nt][2 * hf]);
                         float o1 = f(i, j + 1, ci, bi, cj[nt][1], acc[mi][nt][2 * hf + 1]);
-                        *(float2*)(dst + i * GLA + j) = make_float2(o0, o1);
+                        if (mat == 0) {  // A, columns permuted for the substitution
+                            dst[i * GLA + a_perm(j)] = o0;
+                            dst[i * GLA + a_perm(j + 1)] = o1;
+                        } else {
+                            *(float2*)(dst + i * GLA + j) = make_float2(o0, o1);
+                        }
                     }
                 }
         };
@@ -224,51 +251,67 @@ __device__ __forceinline__ void gdn_chunk_prep(float* wq, float* kt, float* uo, 
     }
     __syncthreads();
 
-    // T = (I + A)^-1 by forward substitution, one column per thread (warps 0-1), while warps 2-7
-    // write K~^T and build (beta k exp(c))^T and (beta v)^T (TF32) from k and v, one token per
-    // thread: a lane's 16-byte reads of a row are 8 columns of the transpose, stored conflict-free.
-    float x[GC];
-    if (warp == 0) fwd_subst<0>(x, am, tid);
-    else if (warp == 1) fwd_subst<32>(x, am, tid);
-    else {
-        int j = tid % GC, grp = tid / GC - 1;  // token j, column groups grp, grp + 3, ...
-        bool in = j < len;
-        float c_last = cum[GC - 1], ik = iks[j], bj = beta[j], fj = expf(c_last - cum[j]), ej = expf(cum[j]);
-        const bf16* krow = row(k, j);
-        float* kt_j = kt + ch * GDK * GC + j;
-        for (int dg = grp; dg < GDK / 8; dg += 3) {
-            uint4 raw = make_uint4(0, 0, 0, 0);
-            if (in) raw = *(const uint4*)(krow + dg * 8);
+    // T = (I + A)^-1 by forward substitution, four threads per column (all warps); then K~^T,
+    // (beta k exp(c))^T and (beta v)^T (TF32) from k and v, one token per thread (four column
+    // groups): a lane's 16-byte reads of a row are 8 columns of the transpose, stored
+    // conflict-free. The k and v rows are read before the substitution, which hides their latency.
+    const int tj = tid % GC, tgrp = tid / GC;  // token tj, column groups tgrp, tgrp + 4, ...
+    uint4 rkv[GDK / 32 + DV / 32];
+    {
+        const bf16* krow = row(k, tj);
+        const bf16* vrow = v + ((long long)(s0 + tj) * value_heads + h) * DV;
+#pragma unroll
+        for (int n = 0; n < GDK / 32; n++) rkv[n] = tj < len ? *(const uint4*)(krow + (tgrp + 4 * n) * 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int n = 0; n < DV / 32; n++) rkv[GDK / 32 + n] = tj < len ? *(const uint4*)(vrow + (tgrp + 4 * n) * 8) : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();  // A is complete
+
+    float xm[GC / 4];  // T[4 m + q][col]
+    {
+        const int col = tid >> 2, q = tid & 3;
+        const float* amq = am + a_perm(q);
+        switch (warp >> 1) {  // warp w has columns 8 w.. 8 w + 7
+            case 0: fwd_subst<0>(xm, amq, col, q); break;
+            case 1: fwd_subst<16>(xm, amq, col, q); break;
+            case 2: fwd_subst<32>(xm, amq, col, q); break;
+            default: fwd_subst<48>(xm, amq, col, q); break;
+        }
+    }
+    __syncthreads();  // every thread is done reading A
+#pragma unroll
+    for (int m = 0; m < GC / 4; m++) am[(4 * m + (tid & 3)) * GLA + (tid >> 2)] = tf32r(xm[m]);  // T, upper triangle zero
+    {
+        float c_last = cum[GC - 1], ik = iks[tj], bj = beta[tj], fj = expf(c_last - cum[tj]), ej = expf(cum[tj]);
+        float* kt_j = kt + ch * GDK * GC + tj;
+#pragma unroll
+        for (int n = 0; n < GDK / 32; n++) {
+            int dg = tgrp + 4 * n;
             float kv[8];
-            bf16x2(raw.x, kv[0], kv[1]);
-            bf16x2(raw.y, kv[2], kv[3]);
-            bf16x2(raw.z, kv[4], kv[5]);
-            bf16x2(raw.w, kv[6], kv[7]);
+            bf16x2(rkv[n].x, kv[0], kv[1]);
+            bf16x2(rkv[n].y, kv[2], kv[3]);
+            bf16x2(rkv[n].z, kv[4], kv[5]);
+            bf16x2(rkv[n].w, kv[6], kv[7]);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 float kn = kv[e] * ik;
                 kt_j[(dg * 8 + e) * GC] = tf32r(kn * fj);
-                kbt[(dg * 8 + e) * GLA + j] = tf32r(kn * bj * ej);
+                kbt[(dg * 8 + e) * GLA + tj] = tf32r(kn * bj * ej);
             }
         }
-        const bf16* vrow = v + ((long long)(s0 + j) * value_heads + h) * DV;
-        for (int dg = grp; dg < DV / 8; dg += 3) {
-            uint4 raw = make_uint4(0, 0, 0, 0);
-            if (in) raw = *(const uint4*)(vrow + dg * 8);
+#pragma unroll
+        for (int n = 0; n < DV / 32; n++) {
+            int dg = tgrp + 4 * n;
             float vv[8];
-            bf16x2(raw.x, vv[0], vv[1]);
-            bf16x2(raw.y, vv[2], vv[3]);
-            bf16x2(raw.z, vv[4], vv[5]);
-            bf16x2(raw.w, vv[6], vv[7]);
+            bf16x2(rkv[GDK / 32 + n].x, vv[0], vv[1]);
+            bf16x2(rkv[GDK / 32 + n].y, vv[2], vv[3]);
+            bf16x2(rkv[GDK / 32 + n].z, vv[4], vv[5]);
+            bf16x2(rkv[GDK / 32 + n].w, vv[6], vv[7]);
 #pragma unroll
-            for (int e = 0; e < 8; e++) vbt[(dg * 8 + e) * GLA + j] = tf32r(vv[e] * bj);
+            for (int e = 0; e < 8; e++) vbt[(dg * 8 + e) * GLA + tj] = tf32r(vv[e] * bj);
         }
-        if (tid == GC) decay[ch] = expf(c_last);
+        if (tid == 0) decay[ch] = expf(c_last);
     }
-    __syncthreads();
-    if (tid < GC)
-#pragma unroll
-        for (int i = 0; i < GC; i++) am[i * GLA + tid] = tf32r(x[i]);  // T, upper triangle zero
     __syncthreads();
 
     // Warp tiles of the next two steps: row blocks rb[0] = 16 (warp & 1) and rb[1] = 48 - rb[0] (16
