@@ -75,8 +75,8 @@ __device__ __forceinline__ int a_perm(int j) { return 16 * (j & 3) + 4 * ((j >> 
 // Column col of T = (I + A)^-1 by forward substitution, four threads per column (consecutive
 // lanes, q = lane % 4): x[i] = T[i][col] = (i == col) - ((p0 + p1) + (p2 + p3)) with p_q the
 // fused multiply-add sum, j ascending, of A[i][j] x[j] over j < i, j % 4 == q. Thread q forms p_q
-// and keeps xm[m] = x[4 m + q]; two xor shuffles give every thread of the four (p0 + p1) + (p2 +
-// p3), added in that pairing (f32 addition is commutative, so all four lanes get the same bits).
+// and keeps xm[m] = x[4 m + q]; xor shuffles give every thread of the four (p0 + p1) + (p2 + p3),
+// added in that pairing (f32 addition is commutative, so all four lanes get the same bits).
 // That is bit for bit the one-thread-per-column loop with p[j & 3] += A[i][j] x[j].
 // The terms j = 4 m + q >= i that a row's last m adds are A[i][j] x[j] = (+0)(+0): A is +0 on and
 // above the diagonal and x[j] is still +0. A p_q is never -0 (it starts +0, and an exactly zero
@@ -98,8 +98,11 @@ template <int J0> __device__ __forceinline__ void fwd_subst(float* xm, const flo
             float a = m % 4 == 0 ? a4.x : m % 4 == 1 ? a4.y : m % 4 == 2 ? a4.z : a4.w;
             p = fmaf(a, xm[m], p);
         }
-        float s = p + __shfl_xor_sync(0xffffffffu, p, 1);
-        s = s + __shfl_xor_sync(0xffffffffu, s, 2);
+        // The other classes' sums, three independent shuffles (one shuffle latency on the row's
+        // critical path): lane q gets p_q^1, p_q^2, p_q^3, so (p_q + p_q^1) + (p_q^2 + p_q^3) is
+        // (p0 + p1) + (p2 + p3) up to the order of operands of each addition.
+        float p1 = __shfl_xor_sync(0xffffffffu, p, 1), p2 = __shfl_xor_sync(0xffffffffu, p, 2), p3 = __shfl_xor_sync(0xffffffffu, p, 3);
+        float s = (p + p1) + (p2 + p3);
         float xi = (i == col ? 1.0f : 0.0f) - s;
         if ((i & 3) == q) xm[i >> 2] = xi;
     }
