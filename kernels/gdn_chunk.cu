@@ -391,6 +391,13 @@ __device__ __forceinline__ void gdn_chunk_prep(float* wq, float* kt, float* uo, 
     }
 }
 
+// p, through an asm the compiler cannot see into (so it keeps p in registers of its own).
+__device__ __forceinline__ const float* opaque_ptr(const float* p) {
+    const float* r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(p));
+    return r;
+}
+
 #define GS_BV 32   // value columns per scan block
 #define GS_LD 132  // row stride of [W; Q'] and S^T
 #define GS_LK 68   // row stride of K~^T and v'^T
@@ -418,17 +425,37 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
     const unsigned a_wq = s_wq + mma_a_lane(r0, GS_LD), a_kt = s_kt + mma_a_lane(r0, GS_LK);
     const unsigned b_st = s_st + mma_b_lane(n0, GS_LD), b_vp = s_vp + mma_b_lane(n0, GS_LK);
 
-    // Chunk c's [W; Q'] and K~^T into buffer c % 2: 16 + 8 copies of 16 bytes per thread.
-    auto load = [&](int c) {
-        long long ch = (long long)c * value_heads + h;
-        const float* w_src = wq + ch * 2 * GC * GDK + tid * 4;  // row tid / 32 + 8 i, chunk tid % 32
-        const float* k_src = kt + ch * GDK * GC + tid * 4;      // row tid / 16 + 16 i, chunk tid % 16
-        unsigned w_dst = s_wq + (c & 1) * 2 * GC * GS_LD * 4 + ((tid >> 5) * GS_LD + (tid & 31) * 4) * 4;
-        unsigned k_dst = s_kt + (c & 1) * GDK * GS_LK * 4 + ((tid >> 4) * GS_LK + (tid & 15) * 4) * 4;
+    // The next chunk's [W; Q'] and K~^T (chunk c into buffer c % 2): 16 + 8 copies of 16 bytes per
+    // thread. Each copy has its own source pointer, kept across the chunks and advanced at the end
+    // of a chunk (advance), long after the copy has read it: a copy reads its address registers
+    // late, and an instruction that overwrote them right after the copies (as the per-chunk
+    // address arithmetic and the first ldmatrix did) waited for it. Past the last chunk the
+    // pointers are advanced but never read.
+    const long long w_step = (long long)value_heads * 2 * GC * GDK, k_step = (long long)value_heads * GDK * GC;
+    const float* w_src[16];  // row tid / 32 + 8 i, chunk tid % 32
+    const float* k_src[8];   // row tid / 16 + 16 i, chunk tid % 16
+    // (opaque: the compiler would otherwise derive them all from one base, with an add per copy.)
 #pragma unroll
-        for (int i = 0; i < 16; i++) cp_async16(w_dst + i * 8 * GS_LD * 4, w_src + i * 1024, true);
+    for (int i = 0; i < 16; i++) w_src[i] = opaque_ptr(wq + (long long)h * 2 * GC * GDK + tid * 4 + i * 1024);
 #pragma unroll
-        for (int i = 0; i < 8; i++) cp_async16(k_dst + i * 16 * GS_LK * 4, k_src + i * 1024, true);
+    for (int i = 0; i < 8; i++) k_src[i] = opaque_ptr(kt + (long long)h * GDK * GC + tid * 4 + i * 1024);
+    // Likewise the destinations: w_dst, k_dst are this thread's in the buffer of the next copies,
+    // flipped between the two buffers (xor w_flip, k_flip) at the end of a chunk.
+    unsigned w_dst = s_wq + ((tid >> 5) * GS_LD + (tid & 31) * 4) * 4, k_dst = s_kt + ((tid >> 4) * GS_LK + (tid & 15) * 4) * 4;
+    const unsigned w_flip = w_dst ^ (w_dst + 2 * GC * GS_LD * 4), k_flip = k_dst ^ (k_dst + GDK * GS_LK * 4);
+    auto load = [&]() {
+#pragma unroll
+        for (int i = 0; i < 16; i++) cp_async16(w_dst + i * 8 * GS_LD * 4, w_src[i], true);
+#pragma unroll
+        for (int i = 0; i < 8; i++) cp_async16(k_dst + i * 16 * GS_LK * 4, k_src[i], true);
+    };
+    auto advance = [&]() {
+        w_dst ^= w_flip;
+        k_dst ^= k_flip;
+#pragma unroll
+        for (int i = 0; i < 16; i++) w_src[i] += w_step;
+#pragma unroll
+        for (int i = 0; i < 8; i++) k_src[i] += k_step;
     };
     // This thread's U / O0 pairs (rows r0 + 16 mi + g + 8 hf, columns n0 + 8 nt + c2) of chunk c.
     auto load_uo = [&](int c, float2 (*u)[2][2]) {
@@ -448,7 +475,8 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
         for (int mi = 0; mi < 2; mi++) each_acc<2>(sacc[mi], r0 + 16 * mi, n0, [&](int r, int col, float val) { sts[col * GS_LD + r] = tf32r(val); });
     };
 
-    load(0);
+    load();
+    advance();
     cp_async_commit();
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -468,8 +496,11 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
     for (int c = 0; c < chunks; c++) {
         cp_async_wait<0>();
         __syncthreads();  // chunk c is in, S^T is complete; every warp is done with chunk c - 1
-        if (c + 1 < chunks) load(c + 1);
+        if (c + 1 < chunks) load();
         cp_async_commit();
+        // The next chunk's decay, loaded a whole product before its first use (after the update).
+        float d = dec;
+        if (c + 1 < chunks) dec = decay[(long long)(c + 1) * value_heads + h];
         int s0 = c * GC, len = min(GC, t - s0);
         // [W; Q'] S.
         float x[2][2][4];
@@ -501,11 +532,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
                         }
                     }
         }
-        float d = dec;
-        if (c + 1 < chunks) {  // the next chunk's U / O0 and decay, in flight during the update
-            load_uo(c + 1, u);
-            dec = decay[(long long)(c + 1) * value_heads + h];
-        }
+        if (c + 1 < chunks) load_uo(c + 1, u);  // the next chunk's U / O0, in flight during the update
         __syncthreads();  // v'^T is complete; every warp is done reading S^T
         // S = exp(c_L) S + K~^T v'.
 #pragma unroll
@@ -516,6 +543,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
                 for (int e = 0; e < 4; e++) sacc[mi][nt][e] *= d;
         warp_mma_xyt<2, 2, GC, GS_LK, GS_LK>(sacc, a_kt + (c & 1) * GDK * GS_LK * 4, b_vp);
         store_st();
+        advance();  // the copies of chunk c + 2, into buffer c % 2
     }
     cp_async_wait<0>();
 #pragma unroll
