@@ -429,8 +429,8 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
     // thread. Each copy has its own source pointer, kept across the chunks and advanced at the end
     // of a chunk (advance), long after the copy has read it: a copy reads its address registers
     // late, and an instruction that overwrote them right after the copies (as the per-chunk
-    // address arithmetic and the first ldmatrix did) waited for it. Past the last chunk the
-    // pointers are advanced but never read.
+    // address arithmetic and the first ldmatrix did) waited for it. They advance only to chunks
+    // that exist.
     const long long w_step = (long long)value_heads * 2 * GC * GDK, k_step = (long long)value_heads * GDK * GC;
     const float* w_src[16];  // row tid / 32 + 8 i, chunk tid % 32
     const float* k_src[8];   // row tid / 16 + 16 i, chunk tid % 16
@@ -476,7 +476,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
     };
 
     load();
-    advance();
+    if (chunks > 1) advance();
     cp_async_commit();
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -543,7 +543,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
                 for (int e = 0; e < 4; e++) sacc[mi][nt][e] *= d;
         warp_mma_xyt<2, 2, GC, GS_LK, GS_LK>(sacc, a_kt + (c & 1) * GDK * GS_LK * 4, b_vp);
         store_st();
-        advance();  // the copies of chunk c + 2, into buffer c % 2
+        if (c + 2 < chunks) advance();  // the copies of chunk c + 2, into buffer c % 2
     }
     cp_async_wait<0>();
 #pragma unroll
