@@ -11,6 +11,7 @@ usage: prefill_peers.py OUT   (fla-core importable, e.g. PYTHONPATH=/tmp/site)
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,25 @@ def median_ms(fn, warmup=3, iters=20):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return sorted(times)[len(times) // 2]
+
+
+def gpu_warm(seconds=0.5):
+    """Keeps the GPU busy for about `seconds`, so that its clocks are up when an autotuning peer
+    (flash-linear-attention's Triton kernels) times its candidate configurations on first call."""
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            x @ x
+        torch.cuda.synchronize()
+
+
+def best_of(fn, rounds=3, iters=10):
+    """The least of `rounds` medians: a peer's time varies from process to process (FLA's took
+    0.54 to 1.29 ms over this project's device calls); each round is printed to stderr."""
+    meds = [median_ms(fn, iters=iters) for _ in range(rounds)]
+    print(f"rounds (ms): {', '.join(f'{m:.3f}' for m in meds)}", file=sys.stderr)
+    return min(meds)
 
 
 def grouped_mm(a, w, offs):
@@ -120,14 +140,15 @@ def gdn_peer():
         return chunk_gated_delta_rule(q, k, v, a, b, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
                                       use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
 
+    gpu_warm()
     try:
-        return {"fla chunk_gated_delta_rule (gates fused)": median_ms(fused, iters=10)}
+        return {"fla chunk_gated_delta_rule (gates fused)": best_of(fused)}
     except Exception as e:  # older signature: gates precomputed outside the timed call
         print(f"fla fused gates unavailable ({e}); gates precomputed", file=sys.stderr)
         g = -a_log.exp() * F.softplus(a.float() + dt_bias)
         beta = torch.sigmoid(b.float()).bfloat16()
-        return {"fla chunk_gated_delta_rule": median_ms(lambda: chunk_gated_delta_rule(
-            q, k, v, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True), iters=10)}
+        return {"fla chunk_gated_delta_rule": best_of(lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True))}
 
 
 def main():
