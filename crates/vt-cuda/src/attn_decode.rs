@@ -87,11 +87,11 @@ pub(crate) fn launch(
     };
     // SAFETY: attn_dec_split_h{H}(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d,
     // int start, const int* start_at, int window, float scale, int splits) with H = heads: grid
-    // (splits, kv_heads * ceil(group / H)) of 128 threads covering the `visible` positions and every
-    // query head (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
-    // d], k/v [1, kv_heads, d], the cache holds every earlier visible position (kv.rs reserved it);
-    // part holds q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position.
-    // The kernel starts with grid_dep_begin.
+    // (splits, kv_heads * ceil(group / H)) of 128 threads covering the `visible` positions and
+    // every query head (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256
+    // (fits); q [1, q_heads, d], k/v [1, kv_heads, d], the cache holds every earlier visible
+    // position (kv.rs reserved it); part holds q_heads * splits * (d + 2) floats; start_at is 0 or
+    // a recording's position. The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
     let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
     l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);
