@@ -638,7 +638,7 @@ impl Backend for CudaBackend {
         let po = out.buffer().ptr();
         let (ti, kh, vh, dk, dv) =
             (i32_of(t, "tokens")?, key_heads as i32, value_heads as i32, key_dim as i32, value_dim as i32);
-        if mode == GdnMode::Chunked && crate::gdn_chunk::fits(t, key_dim, value_dim) {
+        if mode == GdnMode::Chunked && crate::gdn_chunk::fits(t, key_dim, value_dim, self.k().max_shared) {
             let ops = crate::gdn_chunk::Operands {
                 out: po,
                 q: pq,

@@ -32,8 +32,16 @@ fn heads_per_block(group: usize, warps: usize) -> usize {
     h
 }
 
-pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
-    t > 1 && matches!(head_dim, 64 | 128 | 256)
+/// Dynamic shared memory (bytes) of a block: its query rows and one K and one V tile.
+fn shared_bytes(head_dim: usize) -> usize {
+    let (warps, tiles) = shape(head_dim);
+    (16 * tiles * warps + 2 * KEYS) * head_dim * 2
+}
+
+/// Whether the flash kernel takes this call on a device whose blocks may use `max_shared` bytes
+/// of shared memory (d = 256 needs 128 KiB: not sm_86 / sm_89, whose calls take the simple kernel).
+pub(crate) fn fits(t: usize, head_dim: usize, max_shared: usize) -> bool {
+    t > 1 && matches!(head_dim, 64 | 128 | 256) && shared_bytes(head_dim) <= max_shared
 }
 
 /// Device addresses of one attention call: out and q `[t, q_heads, d]`, k and v
@@ -69,7 +77,7 @@ pub(crate) fn launch(
     let rows = 16 * tiles * warps;
     let hpb = heads_per_block((q_heads / kv_heads) as usize, warps);
     let queries = rows / hpb;
-    let shared = (rows + 2 * KEYS) * head_dim * 2;
+    let shared = shared_bytes(head_dim);
     allow_shared(f, shared, name)?;
     let scale_log2 = scale * std::f32::consts::LOG2_E;
     let bq_log2 = queries.trailing_zeros() as i32;
@@ -104,7 +112,15 @@ pub(crate) fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::heads_per_block;
+    use super::{fits, heads_per_block};
+
+    #[test]
+    fn head_dims_whose_blocks_exceed_the_device_take_the_simple_kernel() {
+        let (h200, ada) = (232_448, 101_376);
+        assert!(fits(100, 256, h200) && fits(100, 128, h200) && fits(100, 64, h200));
+        assert!(!fits(100, 256, ada) && fits(100, 128, ada));
+        assert!(!fits(1, 128, h200) && !fits(100, 96, h200));
+    }
 
     #[test]
     fn a_block_takes_whole_warps_of_one_head() {

@@ -22,8 +22,10 @@ const SCAN_SHARED: usize = (2 * 128 * 132 + 2 * 128 * 68 + 32 * 132 + 32 * 68) *
 /// Threads of either kernel's block.
 const THREADS: u32 = 256;
 
-pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize) -> bool {
-    t > 1 && key_dim == KEY_DIM && matches!(value_dim, 64 | 128)
+/// Whether the chunked kernels take this call on a device whose blocks may use `max_shared`
+/// bytes of shared memory (the scan needs 225 KiB: sm_90; elsewhere the recurrent kernel runs).
+pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize, max_shared: usize) -> bool {
+    t > 1 && key_dim == KEY_DIM && matches!(value_dim, 64 | 128) && PREP_SHARED.max(SCAN_SHARED) <= max_shared
 }
 
 /// Device addresses of one call, as backend.rs checked them: q, k `[t, key_heads, 128]`, v and
@@ -114,4 +116,18 @@ pub(crate) fn run(
     // (stream-ordered), out [t, value_heads, dv], state [value_heads, 128, dv], all whole
     // allocations, so their 16-byte (cp.async) and 8-byte (float2) accesses are aligned.
     launched(unsafe { l.launch(cfg) }, names[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits;
+
+    #[test]
+    fn the_chunked_kernels_need_sm90_shared_memory() {
+        let (h200, a100) = (232_448, 166_912);
+        assert!(fits(8192, 128, 128, h200));
+        assert!(!fits(8192, 128, 128, a100));
+        assert!(!fits(1, 128, 128, h200));
+        assert!(!fits(64, 64, 128, h200));
+    }
 }

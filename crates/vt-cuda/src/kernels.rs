@@ -50,6 +50,8 @@ macro_rules! kernels {
             $($(pub $name: CudaFunction,)*)*
             /// Streaming multiprocessors of the device: sizes the one-wave grids.
             pub sm_count: usize,
+            /// Shared memory a block may opt in to (bytes): kernels that need more are not taken.
+            pub max_shared: usize,
         }
 
         impl Kernels {
@@ -65,7 +67,10 @@ macro_rules! kernels {
                 let sm_count = ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                     .map_err(|e| driver_err("multiprocessor count", e))? as usize;
-                Ok(Kernels { $($($name,)*)* sm_count })
+                let max_shared = ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                    .map_err(|e| driver_err("shared memory per block", e))? as usize;
+                Ok(Kernels { $($($name,)*)* sm_count, max_shared })
             }
         }
     };

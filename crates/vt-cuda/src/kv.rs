@@ -160,7 +160,7 @@ pub(crate) fn attention(
         head_dim as i32,
         i32_of(start, "position")?,
     );
-    if crate::flash::fits(t, head_dim) {
+    if crate::flash::fits(t, head_dim, b.k().max_shared) {
         let ops = crate::flash::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
         crate::flash::launch(b, &ops, ti, hq, hkv, head_dim, s, window, p.scale)?;
     } else if crate::attn_decode::fits(t, head_dim) {
