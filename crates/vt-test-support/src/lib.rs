@@ -84,14 +84,9 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, |m, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) })
 }
 
+/// vt's greedy pick (`vt_core::argmax`: the first largest value) as a token id.
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+    vt_core::argmax(row) as u32
 }
 
 /// Gap between the largest and second-largest value of a row.
