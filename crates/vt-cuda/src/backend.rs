@@ -168,6 +168,21 @@ impl CudaBackend {
             .map_err(|e| driver_err("host-to-device copy", e))
     }
 
+    /// Fills `dst` from the start of `src` once the stream has run everything queued before, and
+    /// waits for it (a recorder runs nothing, so it has nothing to read back).
+    pub(crate) fn copy_out<T>(&self, dst: &mut [T], src: &CudaBuffer, op: &str) -> Result<()> {
+        check(self.recording().is_none(), op, || "a recorder runs nothing to read back".into())?;
+        check(std::mem::size_of_val(dst) <= src.len(), op, || {
+            format!("{} bytes from a buffer of {}", std::mem::size_of_val(dst), src.len())
+        })?;
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: `src` holds at least `size_of_val(dst)` bytes (checked); we wait for the copy
+        // below, so `dst` outlives it.
+        unsafe { result::memcpy_dtoh_async(dst, src.ptr(), self.stream().cu_stream()) }
+            .map_err(|e| driver_err("device-to-host copy", e))?;
+        self.synchronize()
+    }
+
     /// A small host array (ids, tables) in device memory.
     pub(crate) fn upload_slice<T>(&self, src: &[T]) -> Result<CudaBuffer> {
         let buf = self.buffer(std::mem::size_of_val(src))?;
@@ -242,13 +257,8 @@ impl Backend for CudaBackend {
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         check(t.dtype().is_float(), "to_f32", || format!("expected a float tensor, found {}", t.dtype()))?;
-        check(self.recording().is_none(), "to_f32", || "a recorder runs nothing to read back".into())?;
         let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];
-        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
-        // SAFETY: the buffer holds exactly `bytes.len()` bytes; we wait for the copy below.
-        unsafe { result::memcpy_dtoh_async(&mut bytes, t.buffer().ptr(), self.stream().cu_stream()) }
-            .map_err(|e| driver_err("device-to-host copy", e))?;
-        self.synchronize()?;
+        self.copy_out(&mut bytes, t.buffer(), "to_f32")?;
         let mut out = vec![0.0; t.numel()];
         vt_core::dtype::decode_into(t.dtype(), &bytes, &mut out);
         Ok(out)
@@ -260,6 +270,7 @@ impl Backend for CudaBackend {
         if x.dtype() != DType::BF16 || n == 0 || rows == 0 {
             return vt_core::backend::argmax_rows_composed(self, x);
         }
+        // Before the launch: a recorder would keep the kernel in its recording.
         check(self.recording().is_none(), "argmax_rows", || "a recorder runs nothing to read back".into())?;
         let ids = self.buffer(rows * 4)?;
         let (pi, px, ni) = (ids.ptr(), x.buffer().ptr(), i32_of(n, "row width")?);
@@ -270,11 +281,7 @@ impl Backend for CudaBackend {
         // row; x holds rows * n bf16 values, out rows indices.
         launched(unsafe { l.launch(cfg) }, "argmax_rows")?;
         let mut out = vec![0u32; rows];
-        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
-        // SAFETY: `out` holds exactly the rows * 4 bytes copied; we wait for the copy below.
-        unsafe { result::memcpy_dtoh_async(&mut out, pi, self.stream().cu_stream()) }
-            .map_err(|e| driver_err("device-to-host copy", e))?;
-        self.synchronize()?;
+        self.copy_out(&mut out, &ids, "argmax_rows")?;
         Ok(out)
     }
 
