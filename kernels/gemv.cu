@@ -301,75 +301,80 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
     }
 }
 
-// Chunks each lane of the MoE kernels loads before it computes: with a warp per gate or up row
-// (2048 bf16) or per quarter of a down row's slots, one round of loads.
-#define MOE_CHUNKS 8
+// Chunks of each row a gate/up lane has in flight before it computes, both rows of its unit at
+// once. At Qwen3.5's hidden 2048: two rounds for bf16, which leaves registers for more resident
+// warps (62 a thread against 90 for one round of 8: 29.5 against 30.3 µs a bf16 MoE layer, H200),
+// and one round for NVFP4 (a row is 64 chunks).
+#define MOE_CHUNKS_BF16 4
+#define MOE_CHUNKS_NVFP4 2
 
-// Dot of row `row` of w with the chunks [c0, c1) of x (f32 or bf16), by one warp; every lane
-// gets the sum. Loads MOE_CHUNKS chunks per lane before any arithmetic. With `wait`, the lanes
-// execute grid_dep_wait once their first loads are in flight (x may come from the previous kernel).
-template <bool FP4, typename X>
-__device__ __forceinline__ float warp_dot(const WeightDesc& w, long long row, const X* x, int c0, int c1, bool wait = false) {
+// Dots of row `row` of the ROWS weights w[] with x's chunks [0, k / ELEMS) (f32 or bf16), by one
+// warp; every lane gets the sums. With `wait`, the lanes execute grid_dep_wait once their first
+// loads are in flight (x may come from the previous kernel).
+template <bool FP4, int ROWS, typename X>
+__device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, const X* x, bool wait, float* dots) {
     typedef Fmt<FP4> F;
-    int lane = threadIdx.x & 31;
-    float acc = 0.0f;
-    for (int i0 = c0 + lane; i0 < c1; i0 += 32 * MOE_CHUNKS) {
-        uint4 v[MOE_CHUNKS];
-        unsigned sc[MOE_CHUNKS];
+    constexpr int CH = FP4 ? MOE_CHUNKS_NVFP4 : MOE_CHUNKS_BF16;
+    int lane = threadIdx.x & 31, nc = w[0].k / F::ELEMS;
+    float acc[ROWS] = {};
+    for (int i0 = lane; i0 < nc; i0 += 32 * CH) {
+        uint4 v[CH][ROWS];
+        unsigned sc[CH][ROWS];
 #pragma unroll
-        for (int j = 0; j < MOE_CHUNKS; j++)
-            if (i0 + 32 * j < c1) F::load(w, row, i0 + 32 * j, v[j], sc[j]);
+        for (int j = 0; j < CH; j++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (i0 + 32 * j < nc) F::load(w[r], row, i0 + 32 * j, v[j][r], sc[j][r]);
         if (wait) {
             grid_dep_wait();
             wait = false;
         }
 #pragma unroll
-        for (int j = 0; j < MOE_CHUNKS; j++) {
-            if (i0 + 32 * j >= c1) break;
+        for (int j = 0; j < CH; j++) {
+            if (i0 + 32 * j >= nc) break;
             float xf[F::ELEMS];
             load_xchunk<FP4>(x, i0 + 32 * j, xf);
-            acc += F::dot(v[j], sc[j], xf);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[r] += F::dot(v[j][r], sc[j][r], xf);
         }
     }
     if (wait) grid_dep_wait();  // a lane with no chunks
-    return warp_sum(acc) * F::scale(w);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) dots[r] = warp_sum(acc[r]) * F::scale(w[r]);
 }
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
 // expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
-// (t * slots, ceil(inter / 2)), 128 threads: warps 2j and 2j + 1 take the gate and the up row of
-// unit 2 * blockIdx.y + j.
+// (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
+// 4 * blockIdx.y + j.
 template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
                                 int slots, int inter) {
-    __shared__ float up_dot[2];
-    int tok = blockIdx.x / slots, warp = threadIdx.x >> 5, half = warp & 1;
-    int u = blockIdx.y * 2 + (warp >> 1);
+    int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
     // The shared expert's blocks (its slot is the last) know their rows without the routing: their
     // first round of weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
     grid_dep_trigger();
     if (!shared_slot) grid_dep_wait();
-    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
-    float d = 0.0f;
-    if (u < inter) {
-        WeightDesc w = id >= 0 ? table[3 * id + half] : (half ? sh.up : sh.gate);
-        d = warp_dot<FP4>(w, u, x + (long long)tok * w.k, 0, w.k / Fmt<FP4>::ELEMS, shared_slot);
-        if (half && (threadIdx.x & 31) == 0) up_dot[warp >> 1] = d;
-    } else if (shared_slot) {
-        grid_dep_wait();
+    if (u >= inter) {
+        if (shared_slot) grid_dep_wait();
+        return;
     }
-    __syncthreads();
-    if (u < inter && !half && (threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d) * up_dot[warp >> 1];
+    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
+    WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
+    float d[2];
+    warp_dots<FP4, 2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
+    if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
 }
 
 // The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
-// takes an equal share of the output rows, a token at a time, and its warps stream them. An item
-// is sized for 16 chunks in flight per lane. Each block first copies the slots' weight
+// takes an equal share of the output rows, a token at a time, and its warps stream them. An item's
+// loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 bf16 chunks per lane,
+// or 4.5 NVFP4 chunks of each of 4 rows). Each block first copies the slots' weight
 // descriptors to shared memory, and each token's SwiGLU activations to dynamic shared memory,
 // where every warp's chunk reads find them at once (read from global memory, each of those reads
 // waited on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its
-// chunks in registers (192 of them), so one block of it fits an SM without spilling.
+// chunks in registers (210 of them), so one block of it fits an SM without spilling.
 // Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
 #define MOE_DEC_SLOTS (GEMV_MAX_T * (ROUTE_MAX_K + 1))
 #define MOE_DEC_THREADS 256
@@ -384,7 +389,7 @@ template <bool FP4>
 __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                              const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Fmt<FP4> F;
-    constexpr int R = FP4 ? 4 : 1, J = 16 / R;
+    constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
     extern __shared__ float4 dyn[];
     float* as = (float*)dyn;
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
@@ -402,8 +407,11 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
     for (int tok = first / groups; tok * groups < last; tok++) {
         __syncthreads();  // the previous token's activations are no longer read
+        // Every copy in flight at once (a load-then-store loop waits on L2 once per iteration).
         const float4* src = (const float4*)(act + (long long)tok * slots * inter);
-        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) ((float4*)as)[i] = src[i];
+        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         const WeightDesc* d = dn + tok * slots;
         const float* m = mul + tok * slots;

@@ -109,6 +109,12 @@ def linears():
         del ws
 
 
+def argmax():
+    # A greedy pick over Qwen3.5's vocabulary, read back to the host (decode_bench's argmax row).
+    xs = [torch.randn(1, 248320, device=dev, dtype=torch.bfloat16) for _ in range(8)]
+    measure("torch_argmax_1x248320_wall", lambda: wall_us(lambda i: torch.argmax(xs[i % 8], dim=-1).cpu()))
+
+
 def sdpa():
     # (hq, hkv, d, keys): Qwen3.5-35B-A3B's full attention at 4000 keys, Laguna-XS.2's global
     # layers at 4000 and its sliding ones at their 512-key window (decode_bench's cases).
@@ -123,7 +129,7 @@ def sdpa():
         measure(f"torch_sdpa_decode_{hq}x{hkv}x{d}_keys{keys}", lambda: device_us(call))
 
 
-for part in (linears, sdpa, fla_gdn, hf_moe):
+for part in (linears, argmax, sdpa, fla_gdn, hf_moe):
     try:
         part()
     except Exception as e:

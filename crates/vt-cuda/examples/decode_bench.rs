@@ -251,6 +251,28 @@ fn attention(b: &B, r: &Report, (hq, hkv, d): (usize, usize, usize), ctx: usize,
     Ok(())
 }
 
+/// A greedy pick over Qwen3.5's vocabulary as the engine makes it: launched, then the index read
+/// back, so the time is the host's wall time per call (median), set beside torch's
+/// `argmax(..).cpu()` measured the same way.
+fn argmax(b: &B, r: &Report) -> Result<()> {
+    let vocab = 248_320;
+    let xs = (0..8).map(|s| b.random(DType::BF16, &[1, vocab], s, 4.0)).collect::<Result<Vec<_>>>()?;
+    let mut us = Vec::new();
+    for i in 0..64 {
+        let t0 = std::time::Instant::now();
+        b.argmax_rows(&xs[i % xs.len()])?;
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    let median = us[us.len() / 2];
+    let peer = match r.peers.get("torch_argmax_1x248320_wall") {
+        Some(p) => format!("torch argmax(..).cpu() {p:>9.2} µs  peer/vt {:>6.2}x", p / median),
+        None => String::from("-"),
+    };
+    println!("{:<44} {median:>9.2} µs  (wall, with the read-back)  {peer}", format!("argmax [1, {vocab}] bf16"));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let peers = std::env::args()
         .nth(1)
@@ -279,6 +301,7 @@ fn main() -> Result<()> {
     drop(big);
     let r = Report { bandwidth, peers };
     gemv(&b, &r)?;
+    argmax(&b, &r)?;
     gdn(&b, &r)?;
     // Qwen3.5-35B-A3B's full attention, then Laguna-XS.2's global and sliding-window layers.
     attention(&b, &r, (16, 2, 256), 4000, None)?;

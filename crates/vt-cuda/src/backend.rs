@@ -264,21 +264,38 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// One block per bf16 row picks on the device; only the indices are read back.
+    /// Greedy picks on the device, many blocks per bf16 row (kernels/elementwise.cu); only the
+    /// indices are read back.
     fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
         let (rows, n) = (x.rows(), x.last_dim());
         if x.dtype() != DType::BF16 || n == 0 || rows == 0 {
             return vt_core::backend::argmax_rows_composed(self, x);
         }
-        // Before the launch: a recorder would keep the kernel in its recording.
+        // Before the launch: a recorder would keep the kernels in its recording.
         check(self.recording().is_none(), "argmax_rows", || "a recorder runs nothing to read back".into())?;
-        let ids = self.buffer(rows * 4)?;
-        let (pi, px, ni) = (ids.ptr(), x.buffer().ptr(), i32_of(n, "row width")?);
+        // Slices of 256 threads x ARGMAX_LOADS values: a vocabulary-wide row spreads over about
+        // one wave of blocks, each thread with a single round of loads.
+        let parts = n.div_ceil(256 * 8).clamp(1, 256);
+        let (candidates, ids) = (self.buffer(rows * parts * 8)?, self.buffer(rows * 4)?);
+        let (pv, px, ni) = (candidates.ptr(), x.buffer().ptr(), i32_of(n, "row width")?);
+        let (pi, pout, parts_i) = (pv + (rows * parts * 4) as u64, ids.ptr(), parts as i32);
+        let mut l = self.stream().launch_builder(&self.k().argmax_part);
+        l.arg(&pv).arg(&pi).arg(&px).arg(&ni);
+        let cfg = LaunchConfig {
+            grid_dim: (parts as u32, i32_of(rows, "rows")? as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argmax_part(float* cv, int* ci, const bf16* x, int n): grid (parts, rows) of 256
+        // threads; x holds rows * n bf16 values, cv and ci rows * parts each (the two halves of
+        // `candidates`).
+        launched(unsafe { l.launch(cfg) }, "argmax_part")?;
         let mut l = self.stream().launch_builder(&self.k().argmax_rows);
-        l.arg(&pi).arg(&px).arg(&ni);
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argmax_rows(unsigned* out, const bf16* x, int n): one block of 1024 threads per
-        // row; x holds rows * n bf16 values, out rows indices.
+        l.arg(&pout).arg(&pv).arg(&pi).arg(&px).arg(&ni).arg(&parts_i);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argmax_rows(unsigned* out, const float* cv, const int* ci, const bf16* x, int n,
+        // int parts): a warp per row; cv / ci written by argmax_part above on this stream; out
+        // holds rows indices.
         launched(unsafe { l.launch(cfg) }, "argmax_rows")?;
         let mut out = vec![0u32; rows];
         self.copy_out(&mut out, &ids, "argmax_rows")?;

@@ -77,7 +77,7 @@ macro_rules! kernels {
 }
 
 kernels! {
-    "elementwise.cu" => [embedding, rms_norm_gated, add, swiglu, gate, narrow_cols, rope, argmax_rows],
+    "elementwise.cu" => [embedding, rms_norm_gated, add, swiglu, gate, narrow_cols, rope, argmax_part, argmax_rows],
     "linear.cu" => [linear_rows],
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],

@@ -135,12 +135,12 @@ pub(crate) fn moe_block(
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
-        grid_dim: ((t * slots) as u32, inter.div_ceil(2) as u32, 1),
+        grid_dim: ((t * slots) as u32, inter.div_ceil(4) as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
-    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 2) of 128 threads; slot
+    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 4) of 128 threads; slot
     // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
     // 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names, as
     // are the shared expert's (checked); act holds t * slots * inter floats.
