@@ -92,6 +92,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Max (or sum) over the block of one value per thread (blockDim.x a multiple of 32); every
+// thread gets the result. red: 32 floats of shared memory.
+template <bool MAX> __device__ float block_reduce(float v, float* red) {
+    v = MAX ? warp_max(v) : warp_sum(v);
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : (MAX ? __int_as_float(0xff800000) : 0.0f);
+    return MAX ? warp_max(v) : warp_sum(v);
+}
+
 // ---- MoE routing (moe.cu, moe_prefill.cu, gemv.cu) ----
 // How router logits become choices (vt-cuda's `RouteArgs`, #[repr(C)]): kind 0 = softmax over all
 // experts, top-k on the probabilities; 1 = sigmoid of the (optionally tanh-softcapped) logits, top-k

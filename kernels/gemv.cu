@@ -210,17 +210,6 @@ struct __align__(16) RouteScratch {
     float red[32];
 };
 
-// Max (or sum) over the block of one value per thread; every thread gets the result.
-template <bool MAX> __device__ float block_reduce(float v, float* red) {
-    v = MAX ? warp_max(v) : warp_sum(v);
-    int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = lane < warps ? red[lane] : (MAX ? __int_as_float(0xff800000) : 0.0f);
-    return MAX ? warp_max(v) : warp_sum(v);
-}
-
 // Routing of one token by the whole block, as vt-cpu's `route`: an expert's choice rank counts the
 // experts ahead of it (a higher choice value, or an equal one at a lower index); the normaliser
 // sums the chosen scores in rank order. Writes the k choices in ascending expert order (the

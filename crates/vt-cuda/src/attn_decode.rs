@@ -9,9 +9,10 @@ use crate::backend::i32_of;
 use crate::launch::Overlapped;
 use crate::CudaBackend;
 
-/// `ATT_DEC_SPLIT` and `ATT_DEC_MAX_D` of kernels/attn_decode.cu.
+/// `ATT_DEC_SPLIT`, `ATT_DEC_MAX_D` and `ATT_DEC_COMBINE_THREADS` of kernels/attn_decode.cu.
 const SPLIT: usize = 64;
 const MAX_D: usize = 256;
+const COMBINE_THREADS: usize = 1024;
 
 pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
     t == 1 && head_dim.is_multiple_of(8) && head_dim <= MAX_D
@@ -95,9 +96,13 @@ pub(crate) fn launch(
     unsafe { l.launch(cfg, "attn_dec_split")? };
     let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
     l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);
-    let cfg = LaunchConfig { grid_dim: (q_heads as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // A group of d threads per split up to ATT_DEC_COMBINE_THREADS (kernels/attn_decode.cu): a
+    // short cache's few splits take a small block.
+    let threads = (d * splits.min(COMBINE_THREADS / d)).next_multiple_of(32).min(COMBINE_THREADS);
+    let cfg = LaunchConfig { grid_dim: (q_heads as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attn_dec_combine(bf16* out, const float* part, int d, int splits): one block per
-    // head over the partials written above on this stream; out holds q_heads * d values.
+    // head of d..=1024 threads (whole warps) over the partials written above on this stream; out
+    // holds q_heads * d values.
     // The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_combine") }
 }

@@ -17,9 +17,15 @@ use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// Dynamic shared memory the down kernel may stage a token's activations in, leaving room for its
-/// static descriptor table within the SM's 227 KiB.
-const MAX_STAGED: usize = 192 << 10;
+/// The down kernel's static shared memory: a `WeightDesc` (32 bytes) and a multiplier per slot of
+/// `MOE_DEC_SLOTS` (GEMV_MAX_T x (ROUTE_MAX_K + 1), kernels/gemv.cu).
+const DOWN_STATIC_SHARED: usize = MAX_T * (MAX_TOP_K + 1) * (32 + 4);
+
+/// Whether the down kernel can stage a token's `slots` activation rows of `inter` floats in the
+/// dynamic shared memory a block may use on this device (`max_shared`).
+fn staged_fits(slots: usize, inter: usize, max_shared: usize) -> bool {
+    4 * slots * inter + DOWN_STATIC_SHARED <= max_shared
+}
 
 /// `struct SharedDesc` of kernels/gemv.cu.
 #[repr(C)]
@@ -54,7 +60,8 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
 }
 
 /// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format, a
-/// shared expert of the routed experts' width, a token's activations within MAX_STAGED); `None`
+/// shared expert of the routed experts' width, a token's activations within the device's shared
+/// memory per block); `None`
 /// sends the caller to the composed ops.
 pub(crate) fn moe_block(
     b: &CudaBackend,
@@ -82,7 +89,7 @@ pub(crate) fn moe_block(
         && (1..=MAX_TOP_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
-        && 4 * (top_k + shared.is_some() as usize) * inter <= MAX_STAGED;
+        && staged_fits(top_k + shared.is_some() as usize, inter, b.k().max_shared);
     let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
     let px = act(x, "moe_block")?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
@@ -168,4 +175,20 @@ pub(crate) fn moe_block(
     // are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::staged_fits;
+
+    /// Qwen3.5-35B-A3B's 8 + 1 slots of 512 fit everywhere; 33 slots of 1536 (a wide top-32 expert)
+    /// fit an H200's block but not an A100's, which then takes the composed ops.
+    #[test]
+    fn the_down_kernel_stages_within_the_devices_shared_memory() {
+        let (h200, a100, sm89) = (232_448, 166_912, 101_376);
+        assert!(staged_fits(9, 512, sm89));
+        assert!(staged_fits(33, 1536, h200));
+        assert!(!staged_fits(33, 1536, a100));
+        assert!(!staged_fits(9, 8192, h200));
+    }
 }
