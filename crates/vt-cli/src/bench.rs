@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use rayon::prelude::*;
 use serde_json::Value;
 use vt::checkpoint::{Checkpoint, Config, TensorStore};
 use vt::{Backend, DummyWeights, Engine, EngineConfig, Model, Request, Result, SamplingParams};
@@ -60,9 +61,10 @@ pub fn load<B: Backend>(backend: &B, dir: &Path, format: LoadFormat, layers: Opt
 }
 
 /// Copy bandwidth (bytes read + written per second) of a 64M-element activation tensor (larger
-/// than any cache): back-to-back copies for about 50 ms (5 to 200 of them), one wait at the end,
-/// so the wait's latency and the first copy's allocation (mapping fresh memory) weigh little.
-fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
+/// than any cache) on a device backend: back-to-back copies for about 50 ms (5 to 200 of them), one
+/// wait at the end, so the wait's latency and the first copy's allocation weigh little (the device
+/// allocator hands the freed output back to the next copy).
+pub fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     let (rows, width, dtype) = (1 << 13, 8192, b.activation_dtype());
     let big = b.random(dtype, &[rows, width], 1, 1.0)?;
     b.to_f32(&b.slice_rows(&big, 0, 1)?)?; // waits for the fill
@@ -79,20 +81,42 @@ fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     Ok(2.0 * (n * dtype.bytes_for(rows * width).unwrap_or(0)) as f64 / copies(n)?)
 }
 
+/// Copy bandwidth of host memory, for the CPU backend, whose weights live there: 256 MB copied
+/// between two buffers already mapped, split over rayon's threads as vt-cpu's ops are, for about
+/// 50 ms. (The device probe's copies through the backend each map a fresh output, so on the host
+/// it measured page faults: 5 GB/s and a decode at "196 % of the roofline" on this project's CI
+/// machine.)
+pub fn host_copy_bandwidth() -> f64 {
+    const BYTES: usize = 256 << 20;
+    const PIECE: usize = 1 << 20;
+    let src = vec![1u8; BYTES];
+    let mut dst = vec![2u8; BYTES];
+    let mut copies = |n: usize| {
+        let t0 = Instant::now();
+        for _ in 0..n {
+            dst.par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
+        }
+        t0.elapsed().as_secs_f64()
+    };
+    let n = ((0.05 / copies(1)) as usize).clamp(3, 200);
+    2.0 * (n * BYTES) as f64 / copies(n)
+}
+
 pub struct Shape {
     pub batch: Vec<usize>,
     pub prompt_len: usize,
     pub gen_len: usize,
 }
 
-pub fn run<B: Backend>(backend: &B, model: Model<B>, shape: &Shape) -> Result<()>
+/// `bandwidth`: the copy bandwidth the roofline divides (`copy_bandwidth` on a device,
+/// `host_copy_bandwidth` on the CPU).
+pub fn run<B: Backend>(backend: &B, model: Model<B>, shape: &Shape, bandwidth: f64) -> Result<()>
 where
     Model<B>: Send,
 {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let weights = backend.memory().bytes_live;
     let token_bytes = model.decode_weight_bytes();
-    let bandwidth = copy_bandwidth(backend)?;
     let roofline = bandwidth / token_bytes as f64;
     println!(
         "weights {:.2} GiB resident; one decode token reads {:.1} MB; copy bandwidth {:.0} GB/s: roofline {roofline:.0} tok/s at batch 1",

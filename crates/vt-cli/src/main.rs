@@ -340,7 +340,12 @@ where
             let dir = model.model.clone().unwrap_or_else(default_model);
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!unrecorded);
-            bench::run(backend, m, &bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len })?;
+            let bandwidth = match model.backend {
+                BackendKind::Cpu => bench::host_copy_bandwidth(),
+                BackendKind::Cuda => bench::copy_bandwidth(backend)?,
+            };
+            let shape = bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len };
+            bench::run(backend, m, &shape, bandwidth)?;
             Ok(())
         }
     }
