@@ -31,6 +31,12 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 const MAX_CONV_TAPS: usize = 16;
 const MAX_ROPE_FREQS: usize = 128;
 pub(crate) const MAX_TOP_K: usize = 32;
+
+/// Threads of an `argmax_part` block and the values each loads per round (`ARGMAX_LOADS` of
+/// kernels/elementwise.cu).
+const ARGMAX_THREADS: usize = 256;
+const ARGMAX_LOADS: usize = 8;
+
 /// Dynamic shared memory a kernel may use without opting in (48 KiB).
 pub(crate) const MAX_SHARED: usize = 48 << 10;
 
@@ -273,9 +279,9 @@ impl Backend for CudaBackend {
         }
         // Before the launch: a recorder would keep the kernels in its recording.
         check(self.recording().is_none(), "argmax_rows", || "a recorder runs nothing to read back".into())?;
-        // Slices of 256 threads x ARGMAX_LOADS values: a vocabulary-wide row spreads over about
-        // one wave of blocks, each thread with a single round of loads.
-        let parts = n.div_ceil(256 * 8).clamp(1, 256);
+        // Slices of ARGMAX_THREADS x ARGMAX_LOADS values: a vocabulary-wide row spreads over
+        // about one wave of blocks, each thread with a single round of loads.
+        let parts = n.div_ceil(ARGMAX_THREADS * ARGMAX_LOADS).clamp(1, 256);
         let (candidates, ids) = (self.buffer(rows * parts * 8)?, self.buffer(rows * 4)?);
         let (pv, px, ni) = (candidates.ptr(), x.buffer().ptr(), i32_of(n, "row width")?);
         let (pi, pout, parts_i) = (pv + (rows * parts * 4) as u64, ids.ptr(), parts as i32);
@@ -283,11 +289,11 @@ impl Backend for CudaBackend {
         l.arg(&pv).arg(&pi).arg(&px).arg(&ni);
         let cfg = LaunchConfig {
             grid_dim: (parts as u32, i32_of(rows, "rows")? as u32, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (ARGMAX_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: argmax_part(float* cv, int* ci, const bf16* x, int n): grid (parts, rows) of 256
-        // threads; x holds rows * n bf16 values, cv and ci rows * parts each (the two halves of
+        // SAFETY: argmax_part(float* cv, int* ci, const bf16* x, int n): grid (parts, rows) of
+        // ARGMAX_THREADS threads (whole warps); x holds rows * n bf16 values, cv and ci rows * parts each (the two halves of
         // `candidates`).
         launched(unsafe { l.launch(cfg) }, "argmax_part")?;
         let mut l = self.stream().launch_builder(&self.k().argmax_rows);

@@ -61,8 +61,7 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
 
 /// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format, a
 /// shared expert of the routed experts' width, a token's activations within the device's shared
-/// memory per block); `None`
-/// sends the caller to the composed ops.
+/// memory per block); `None` sends the caller to the composed ops.
 pub(crate) fn moe_block(
     b: &CudaBackend,
     x: &Tensor<CudaBackend>,
