@@ -208,12 +208,23 @@ struct __align__(16) RouteScratch {
     float top_score[ROUTE_MAX_K];
     int top_id[ROUTE_MAX_K];
     float red[32];
+    // Each warp's first min(top_k, 32) experts: choice and id, by rank within the warp.
+    float warp_choice[ROUTE_MAX_EXP / 32][ROUTE_MAX_K];
+    int warp_id[ROUTE_MAX_EXP / 32][ROUTE_MAX_K];
 };
 
-// Routing of one token by the whole block, as vt-cpu's `route`: an expert's choice rank counts the
-// experts ahead of it (a higher choice value, or an equal one at a lower index); the normaliser
-// sums the chosen scores in rank order. Writes the k choices in ascending expert order (the
-// combine order) to ids/wts. n_exp <= ROUTE_MAX_EXP, top_k <= 32.
+// Whether choice a of expert i ranks ahead of choice b of expert j.
+__device__ __forceinline__ bool ranks_ahead(float a, int i, float b, int j) { return a > b || (a == b && i < j); }
+
+// Routing of one token by the whole block (one thread per expert: blockDim.x >= n_exp), as
+// vt-cpu's `route`: an expert's choice rank counts the experts ahead of it (a higher choice value,
+// or an equal one at a lower index); the normaliser sums the chosen scores in rank order. Writes
+// the k choices in ascending expert order (the combine order) to ids/wts. n_exp <= ROUTE_MAX_EXP,
+// top_k <= 32.
+// The rank is counted in two steps: within the warp (shuffles), then, for the warp's first k,
+// against the other warps' first k. That count is exact for every expert of rank < k: fewer than
+// k experts are ahead of it, so those of any warp are among that warp's first k; an expert of rank
+// >= k counts at least k (a warp with k ahead of it has all its first k ahead).
 __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, float* wts, RouteScratch& rs) {
     int n = ra.n_exp;
     if (ra.kind == 0) {
@@ -236,25 +247,27 @@ __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, 
             rs.choice[e] = rs.score[e] + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
         }
     }
-    // A NaN choice ranks last, so ranks stay a permutation and every chosen id is an expert; the
-    // padding to whole float4s ranks after every expert.
-    int n4 = (n + 3) & ~3;
-    for (int e = threadIdx.x; e < n4; e += blockDim.x)
-        if (e >= n || isnan(rs.choice[e])) rs.choice[e] = __int_as_float(0xff800000);
     __syncthreads();
-    const float4* c4 = (const float4*)rs.choice;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        float c = rs.choice[e];
-        int rank = 0;
-        // Four choices per shared load, eight loads in flight: the loop is latency-bound otherwise.
+    // A NaN choice ranks last, so ranks stay a permutation and every chosen id is an expert; the
+    // threads past n_exp rank after every expert.
+    int e = threadIdx.x, lane = e & 31, warp = e >> 5, k = ra.top_k;
+    float c = e < n ? rs.choice[e] : __int_as_float(0xff800000);
+    if (isnan(c)) c = __int_as_float(0xff800000);
+    int rank = 0;
 #pragma unroll 8
-        for (int f4 = 0; f4 < n4 / 4; f4++) {
-            float4 o = c4[f4];
-            int f = 4 * f4;
-            rank += (o.x > c || (o.x == c && f < e)) + (o.y > c || (o.y == c && f + 1 < e)) +
-                    (o.z > c || (o.z == c && f + 2 < e)) + (o.w > c || (o.w == c && f + 3 < e));
+    for (int o = 0; o < 32; o++) rank += ranks_ahead(__shfl_sync(0xffffffffu, c, o), (e & ~31) + o, c, e);
+    if (rank < k) {
+        rs.warp_choice[warp][rank] = c;
+        rs.warp_id[warp][rank] = e;
+    }
+    __syncthreads();
+    if (rank < k) {
+        int kw = min(k, 32);
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+            if (w == warp) continue;
+            for (int j = 0; j < kw; j++) rank += ranks_ahead(rs.warp_choice[w][j], rs.warp_id[w][j], c, e);
         }
-        if (rank < ra.top_k) {
+        if (rank < k) {
             rs.top_id[rank] = e;
             rs.top_score[rank] = rs.score[e];
         }
@@ -335,10 +348,11 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
 // expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
 // (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
-// 4 * blockIdx.y + j.
+// 4 * blockIdx.y + j. Each slot's first block also writes the slot's down matrix to down_desc, so
+// that the down kernel reads it in one step instead of two dependent ones (ids, then the table).
 template <bool FP4>
-__device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh,
-                                int slots, int inter) {
+__device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                const SharedDesc& sh, int slots, int inter) {
     int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
     // The shared expert's blocks (its slot is the last) know their rows without the routing: their
     // first round of weights is in flight before they wait, while the routing kernel runs.
@@ -351,9 +365,14 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     }
     int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
+    // Written once this block has waited: a routed slot's now (it arrives with the gate and up
+    // descriptors), the shared slot's after its dots.
+    bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
+    if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
     float d[2];
     warp_dots<FP4, 2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
     if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
+    if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
 }
 
 // The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
@@ -361,8 +380,8 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
 // loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 bf16 chunks per lane,
 // or 4.5 NVFP4 chunks of each of 4 rows). Each block first copies the slots' weight
 // descriptors to shared memory, and each token's SwiGLU activations to dynamic shared memory,
-// where every warp's chunk reads find them at once (read from global memory, each of those reads
-// waited on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its
+// where every warp's chunk reads find them at once (read from global memory, each of those reads waited on a round trip to L2 between the
+// weight loads and the arithmetic). NVFP4 decodes its
 // chunks in registers (210 of them), so one block of it fits an SM without spilling.
 // Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
 #define MOE_DEC_SLOTS (GEMV_MAX_T * (ROUTE_MAX_K + 1))
@@ -370,13 +389,13 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
 #define MOE_DEC_WAVE_BF16 2
 #define MOE_DEC_WAVE_NVFP4 1
 
-// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
-// over the slots in order, lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for
-// NVFP4; hidden % 4 == 0 as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory:
-// slots * inter floats.
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]) (down_slot: the
+// slot's down_desc, written by the gate/up kernel): a row's chunks run over the slots in order,
+// lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for NVFP4; hidden % 4 == 0
+// as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory: slots * inter floats.
 template <bool FP4>
-__device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
-                             const SharedDesc& sh, int t, int slots, int hidden, int inter) {
+__device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t, int slots,
+                             int hidden, int inter) {
     typedef Fmt<FP4> F;
     constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
     extern __shared__ float4 dyn[];
@@ -385,48 +404,53 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     __shared__ float mul[MOE_DEC_SLOTS];
     grid_dep_wait();
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
-        int id = slot_ids[s];
-        dn[s] = id >= 0 ? table[3 * id + 2] : sh.down;
+        dn[s] = down_desc[s];
         mul[s] = slot_w[s] * F::scale(dn[s]);
     }
-    int lane = threadIdx.x & 31, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
     // This block's share of the t * groups items, a token at a time; threads past the block's last
     // item still reach every barrier.
     int items = t * groups;
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
     for (int tok = first / groups; tok * groups < last; tok++) {
-        __syncthreads();  // the previous token's activations are no longer read
+        __syncthreads();  // dn and mul are written; the previous token's activations are no longer read
+        const WeightDesc* d = dn + tok * slots;
+        const float* m = mul + tok * slots;
+        int hi = min(last, (tok + 1) * groups), item0 = max(first, tok * groups) + (threadIdx.x >> 5);
         // Every copy in flight at once (a load-then-store loop waits on L2 once per iteration).
+        // (Issuing each warp's first weights before this copy made t = 4 slower: 83 against
+        // 72 µs a bf16 layer, H200.)
         const float4* src = (const float4*)(act + (long long)tok * slots * inter);
         for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        const WeightDesc* d = dn + tok * slots;
-        const float* m = mul + tok * slots;
-        int hi = min(last, (tok + 1) * groups);
-        for (int item = max(first, tok * groups) + (threadIdx.x >> 5); item < hi; item += blockDim.x >> 5) {
+        for (int item = item0; item < hi; item += warps) {
             int r0 = (item % groups) * R;
             float acc[R] = {};
             for (int i0 = lane; i0 < total; i0 += 32 * J) {
+                // Chunk i = i0 + 32 j is chunk c of slot sl (i / nc, i % nc), stepped along without
+                // a division per chunk.
                 uint4 v[J][R];
                 unsigned sc[J][R];
+                int sl = i0 / nc, c = i0 % nc;
 #pragma unroll
                 for (int j = 0; j < J; j++) {
-                    int i = i0 + 32 * j;
-                    if (i < total)
+                    if (i0 + 32 * j < total)
 #pragma unroll
-                        for (int r = 0; r < R; r++) F::load(d[i / nc], r0 + r, i % nc, v[j][r], sc[j][r]);
+                        for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r], sc[j][r]);
+                    for (c += 32; c >= nc; c -= nc) sl++;
                 }
+                sl = i0 / nc, c = i0 % nc;
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     int i = i0 + 32 * j;
                     if (i >= total) break;
-                    int sl = i / nc;
-                    // Chunk i of the row is chunk i % nc of slot sl: element i * ELEMS of the staged slots.
+                    // Chunk i of the row (chunk c of slot sl) meets element i * ELEMS of the staged slots.
                     const float* xf = as + i * F::ELEMS;
 #pragma unroll
                     for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+                    for (c += 32; c >= nc; c -= nc) sl++;
                 }
             }
 #pragma unroll
@@ -438,21 +462,21 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     }
 }
 
-extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
-                                                int slots, int inter) {
-    moe_dec_gate_up<false>(act, slot_ids, x, table, sh, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                                SharedDesc sh, int slots, int inter) {
+    moe_dec_gate_up<false>(act, down_desc, slot_ids, x, table, sh, slots, inter);
 }
-extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh,
-                                                 int slots, int inter) {
-    moe_dec_gate_up<true>(act, slot_ids, x, table, sh, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                                 SharedDesc sh, int slots, int inter) {
+    moe_dec_gate_up<true>(act, down_desc, slot_ids, x, table, sh, slots, inter);
 }
 // One resident wave of down blocks (see moe_dec_down).
 #define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
-MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
-                                                  SharedDesc sh, int t, int slots, int hidden, int inter) {
-    moe_dec_down<false>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
+MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
+                                                  int slots, int hidden, int inter) {
+    moe_dec_down<false>(out, act, down_desc, slot_w, t, slots, hidden, inter);
 }
-MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
-                                                   SharedDesc sh, int t, int slots, int hidden, int inter) {
-    moe_dec_down<true>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
+MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
+                                                   int slots, int hidden, int inter) {
+    moe_dec_down<true>(out, act, down_desc, slot_w, t, slots, hidden, inter);
 }

@@ -107,11 +107,14 @@ pub(crate) fn moe_block(
     };
     let slots = top_k + sh.present as usize;
 
-    // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0),
-    // then logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
+    // One scratch block: the slots' down matrices [t * slots] WeightDesc (32 bytes each) first,
+    // then act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0), logits [t, n_exp + 1]
+    // f32, slot ids i32 and slot weights f32 [t * slots].
     let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
-    let scratch = b.buffer(4 * (n_act + n_logits + 2 * n_slots))?;
-    let p_act = scratch.ptr();
+    let desc_bytes = std::mem::size_of::<WeightDesc>() * n_slots;
+    let scratch = b.buffer(desc_bytes + 4 * (n_act + n_logits + 2 * n_slots))?;
+    let p_down = scratch.ptr();
+    let p_act = p_down + desc_bytes as u64;
     let p_logits = p_act + 4 * n_act as u64;
     let p_ids = p_logits + 4 * n_logits as u64;
     let p_w = p_ids + 4 * n_slots as u64;
@@ -127,29 +130,30 @@ pub(crate) fn moe_block(
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
-    // A thread per expert: ranking compares each expert with all others, so its time goes with
-    // the experts per thread.
+    // A thread per expert (route_token ranks with one), whole warps.
     let threads = (n_exp.div_ceil(32) * 32).clamp(128, ROUTE_MAX_EXPERTS) as u32;
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a block per token of 128..=512 threads (whole warps); logits
+    // int gated, int slots): a block per token of 128..=512 threads (whole warps, at least
+    // n_exp: route_token's thread per expert); logits
     // [t, n_exp + 1] written by the previous kernel on this stream; slot ids and weights hold
     // t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
     let mut l = Overlapped::new(b, gate_up);
-    l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
+    l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(4) as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
-    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 4) of 128 threads; slot
-    // ids (written by the previous kernel on this stream) are experts < n_exp or -1; the table has
-    // 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one format `fp4` names, as
-    // are the shared expert's (checked); act holds t * slots * inter floats.
+    // SAFETY: moe_dec_gate_up_*(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16*
+    // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 4)
+    // of 128 threads; slot ids (written by the previous kernel on this stream) are experts < n_exp
+    // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
+    // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter floats
+    // and down_desc t * slots descs (8-byte aligned: the scratch's start).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
@@ -165,13 +169,13 @@ pub(crate) fn moe_block(
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
     allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
-    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
-    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float* slot_w,
-    // const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter): 256 threads
-    // a block, slots * inter floats of dynamic shared memory (allowed above); slot ids are experts
-    // < n_exp or -1 for the shared expert (written on this stream before); act holds
-    // t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its gate/up rows
-    // are whole 32-code chunks).
+    l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
+    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
+    // slot_w, int t, int slots, int hidden, int inter): 256 threads a block, slots * inter floats
+    // of dynamic shared memory (allowed above); down_desc holds the t * slots slots' down matrices
+    // [h, inter] (written on this stream before, by the gate/up kernel), slot_w their multipliers;
+    // act holds t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its
+    // gate/up rows are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
 }
