@@ -104,6 +104,12 @@ template <bool MAX> __device__ float block_reduce(float v, float* red) {
     return MAX ? warp_max(v) : warp_sum(v);
 }
 
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+__device__ float block_sum(float v) {
+    __shared__ float red[32];
+    return block_reduce<false>(v, red);
+}
+
 // ---- MoE routing (moe.cu, moe_prefill.cu, gemv.cu) ----
 // How router logits become choices (vt-cuda's `RouteArgs`, #[repr(C)]): kind 0 = softmax over all
 // experts, top-k on the probabilities; 1 = sigmoid of the (optionally tanh-softcapped) logits, top-k
@@ -121,25 +127,6 @@ struct RouteArgs {
 };
 #define ROUTE_MAX_EXP 512  // experts the warp (moe_prefill.cu) and block (gemv.cu) routings take
 #define ROUTE_MAX_K 32     // top-k: a choice per lane of the warp routing
-
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
 
 // One matrix `[n, k]` in its stored form; mirrors vt-cuda's `WeightDesc` (#[repr(C)]).
 // NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16

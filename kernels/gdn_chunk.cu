@@ -548,11 +548,7 @@ __device__ __forceinline__ void gdn_chunk_scan(bf16* out, float* state, const fl
     cp_async_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-                *(float2*)(st + (r0 + 16 * mi + g + 8 * hf) * DV + n0 + 8 * nt + c2) = make_float2(sacc[mi][nt][2 * hf], sacc[mi][nt][2 * hf + 1]);
+        each_acc2<2>(sacc[mi], r0 + 16 * mi, n0, [&](int r, int col, float s0, float s1) { *(float2*)(st + r * DV + col) = make_float2(s0, s1); });
 }
 
 #define GDN_KERNELS(DV)                                                                                                              \

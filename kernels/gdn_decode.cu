@@ -60,6 +60,12 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
     __shared__ float tot[GDN_COLS];
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int kh = h / (value_heads / key_heads);
+    int rg = tid >> 3, col = blockIdx.y * GDN_COLS + (tid & 7) * 4;
+    float* S = state + (long long)h * GDN_D * GDN_D + col;
+    // The state's loads go first: they are in flight while q and k load and normalise.
+    float4 s[GDN_D / 32];
+#pragma unroll
+    for (int m = 0; m < GDN_D / 32; m++) s[m] = *(const float4*)(S + (rg + 32 * m) * GDN_D);
     if (warp < 2) {
         // As gdn.cu's load_l2: x * (1 / sqrt(sum x^2 + 1e-6)) * (1 / sqrt(D) for q).
         const float* src = qkv + (long long)(warp * key_heads + kh) * GDN_D;
@@ -74,12 +80,7 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
     float neg_a = -expf(ld(a_log, a_log_dt, h)), bias = ld(dt_bias, dt_bias_dt, h);
     float beta = sigmoidf(bf2f(b[h])), decay = expf(neg_a * softplusf(bf2f(a[h]) + bias));
     __syncthreads();
-    int rg = tid >> 3, col = blockIdx.y * GDN_COLS + (tid & 7) * 4;
-    float* S = state + (long long)h * GDN_D * GDN_D + col;
-    float4 s[GDN_D / 32];
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int m = 0; m < GDN_D / 32; m++) s[m] = *(const float4*)(S + (rg + 32 * m) * GDN_D);
 #pragma unroll
     for (int m = 0; m < GDN_D / 32; m++) {
         float kk = ks[rg + 32 * m];

@@ -250,7 +250,7 @@ __device__ void route_token(const float* logits, const RouteArgs& ra, int* ids, 
     __syncthreads();
     // A NaN choice ranks last, so ranks stay a permutation and every chosen id is an expert; the
     // threads past n_exp rank after every expert.
-    int e = threadIdx.x, lane = e & 31, warp = e >> 5, k = ra.top_k;
+    int e = threadIdx.x, warp = e >> 5, k = ra.top_k;
     float c = e < n ? rs.choice[e] : __int_as_float(0xff800000);
     if (isnan(c)) c = __int_as_float(0xff800000);
     int rank = 0;
@@ -402,29 +402,36 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
     float* as = (float*)dyn;
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
     __shared__ float mul[MOE_DEC_SLOTS];
-    grid_dep_wait();
-    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
-        dn[s] = down_desc[s];
-        mul[s] = slot_w[s] * F::scale(dn[s]);
-    }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
     // This block's share of the t * groups items, a token at a time; threads past the block's last
     // item still reach every barrier.
     int items = t * groups;
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
-    for (int tok = first / groups; tok * groups < last; tok++) {
-        __syncthreads();  // dn and mul are written; the previous token's activations are no longer read
-        const WeightDesc* d = dn + tok * slots;
-        const float* m = mul + tok * slots;
-        int hi = min(last, (tok + 1) * groups), item0 = max(first, tok * groups) + (threadIdx.x >> 5);
-        // Every copy in flight at once (a load-then-store loop waits on L2 once per iteration).
-        // (Issuing each warp's first weights before this copy made t = 4 slower: 83 against
-        // 72 µs a bf16 layer, H200.)
+    // Token tok's activations into shared memory, every copy in flight at once (a load-then-store
+    // loop waits on L2 once per iteration).
+    auto stage = [&](int tok) {
         const float4* src = (const float4*)(act + (long long)tok * slots * inter);
         for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
         cp_async_commit();
+    };
+    grid_dep_wait();
+    // The first token's copy is in flight while the descriptors load. (Issuing each warp's first
+    // weights before the copy instead made t = 4 slower: 83 against 72 µs a bf16 layer, H200.)
+    stage(first / groups);
+    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
+        dn[s] = down_desc[s];
+        mul[s] = slot_w[s] * F::scale(dn[s]);
+    }
+    for (int tok = first / groups; tok * groups < last; tok++) {
+        if (tok > first / groups) {
+            __syncthreads();  // the previous token's activations are no longer read
+            stage(tok);
+        }
         cp_async_wait<0>();
-        __syncthreads();
+        __syncthreads();  // the activations (and, the first time, dn and mul) are in shared memory
+        const WeightDesc* d = dn + tok * slots;
+        const float* m = mul + tok * slots;
+        int hi = min(last, (tok + 1) * groups), item0 = max(first, tok * groups) + (threadIdx.x >> 5);
         for (int item = item0; item < hi; item += warps) {
             int r0 = (item % groups) * R;
             float acc[R] = {};
