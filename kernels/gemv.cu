@@ -378,11 +378,11 @@ __device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* sl
 // The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
 // takes an equal share of the output rows, a token at a time, and its warps stream them. An item's
 // loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 bf16 chunks per lane,
-// or 4.5 NVFP4 chunks of each of 4 rows). Each block first copies the slots' weight
-// descriptors to shared memory, and each token's SwiGLU activations to dynamic shared memory,
-// where every warp's chunk reads find them at once (read from global memory, each of those reads waited on a round trip to L2 between the
-// weight loads and the arithmetic). NVFP4 decodes its
-// chunks in registers (210 of them), so one block of it fits an SM without spilling.
+// or 4.5 NVFP4 chunks of each of 4 rows). Each block copies the slots' weight descriptors to
+// shared memory and, meanwhile, each token's SwiGLU activations to dynamic shared memory, where
+// every warp's chunk reads find them at once (read from global memory, each of those reads waited
+// on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its chunks in
+// registers (210 of them), so one block of it fits an SM without spilling.
 // Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
 #define MOE_DEC_SLOTS (GEMV_MAX_T * (ROUTE_MAX_K + 1))
 #define MOE_DEC_THREADS 256
