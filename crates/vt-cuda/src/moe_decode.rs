@@ -134,10 +134,9 @@ pub(crate) fn moe_block(
     let threads = (n_exp.div_ceil(32) * 32).clamp(128, ROUTE_MAX_EXPERTS) as u32;
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a block per token of 128..=512 threads (whole warps, at least
-    // n_exp: route_token's thread per expert); logits
-    // [t, n_exp + 1] written by the previous kernel on this stream; slot ids and weights hold
-    // t * slots each; n_exp <= 512, top_k <= 32.
+    // int gated, int slots): a block per token of 128..=512 threads (whole warps, at least n_exp:
+    // route_token's thread per expert); logits [t, n_exp + 1] written by the previous kernel on
+    // this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
