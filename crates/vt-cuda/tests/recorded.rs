@@ -82,6 +82,33 @@ fn a_recording_serves_only_the_model_that_made_it() {
     assert_eq!(rs.recordings(), 2, "b records its own step");
 }
 
+/// Once one sequence's single-token step has run unrecorded, the weights' derived state is built:
+/// a second sequence of the same model records at its first decode step, and computes what the
+/// unrecorded steps compute.
+#[test]
+fn a_later_sequence_records_at_its_first_decode_step() {
+    let b = CudaBackend::new().unwrap();
+    let ckpt = Checkpoint::open(&fixture("qwen35moe_text")).unwrap();
+    let model = |recorded| {
+        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed: 3, nvfp4: false }).unwrap();
+        m.set_recorded_decode(recorded);
+        m
+    };
+    let (m, plain) = (model(true), model(false));
+    let mut first = m.new_state().unwrap();
+    m.forward(&[1, 2, 3], &mut first, Logits::Last).unwrap();
+    m.forward(&[4], &mut first, Logits::Last).unwrap();
+    assert_eq!(first.recordings(), 0, "the model's first single-token step runs unrecorded");
+    let (mut rs, mut ps) = (m.new_state().unwrap(), plain.new_state().unwrap());
+    m.forward(&[5, 6], &mut rs, Logits::Last).unwrap();
+    plain.forward(&[5, 6], &mut ps, Logits::Last).unwrap();
+    for id in [7, 8, 9] {
+        let got = b.to_f32(&m.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
+        assert_eq!(got, b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap(), "token {id}");
+        assert_eq!(rs.recordings(), 1, "recorded at the sequence's first decode step, then replayed");
+    }
+}
+
 /// A recorder runs nothing, so nothing can be read back from it; a replay checks what it is given
 /// and computes with the ids it is given, not the recorded ones.
 #[test]

@@ -3,7 +3,7 @@
 mod decode_graph;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
@@ -87,6 +87,10 @@ pub struct Model<B: Backend> {
     lm_head: Option<Linear<B>>,
     /// Whether single-token steps of one sequence run as recorded steps where the backend records.
     record_decode: bool,
+    /// Set once a single-token step of one sequence has run unrecorded on this model: its weights
+    /// have built the derived state decode uses, so any sequence's single-token step may record (a
+    /// recorder must not build it). That state belongs to the weights, not to a sequence.
+    decode_state_built: AtomicBool,
 }
 
 /// Per-layer sequence state.
@@ -100,10 +104,6 @@ enum LayerState<B: Backend> {
 pub struct SeqState<B: Backend> {
     pos: usize,
     layers: Vec<LayerState<B>>,
-    /// The model whose single-token step last ran unrecorded on this sequence: that model's
-    /// weights have built the derived state decode uses, so it may record (a recorder must not
-    /// build it).
-    decoded_by: Option<u64>,
     recorded: Recorded<B>,
     recordings: usize,
 }
@@ -196,7 +196,17 @@ impl<B: Backend> Model<B> {
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(Model { id, backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
+        Ok(Model {
+            id,
+            backend: backend.clone(),
+            spec,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            record_decode: true,
+            decode_state_built: AtomicBool::new(false),
+        })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -284,7 +294,7 @@ impl<B: Backend> Model<B> {
                 }),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SeqState { pos: 0, layers, decoded_by: None, recorded: Recorded::None, recordings: 0 })
+        Ok(SeqState { pos: 0, layers, recorded: Recorded::None, recordings: 0 })
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
@@ -330,8 +340,8 @@ impl<B: Backend> Model<B> {
             }
         }
         let logits = self.run_on(&self.backend, seqs, which)?;
-        if let [(&[_], ref mut state)] = seqs {
-            state.decoded_by = Some(self.id);
+        if let [(&[_], _)] = seqs {
+            self.decode_state_built.store(true, Ordering::Release);
         }
         Ok(logits)
     }

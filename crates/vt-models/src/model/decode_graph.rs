@@ -3,6 +3,8 @@
 //! launch instead of one per op. Replays compute exactly what the unrecorded step computes: the
 //! same kernels over the same memory, with the token id and position read from device memory.
 
+use std::sync::atomic::Ordering;
+
 use vt_core::{Backend, Result, Tensor};
 
 use super::{LayerState, Logits, Model, Recorded, SeqState};
@@ -33,9 +35,9 @@ impl<B: Backend> Model<B> {
         if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
             state.recorded = Recorded::None;
         }
-        // This model's first single-token step on the sequence runs unrecorded: it builds the
+        // This model's first single-token step (on any sequence) runs unrecorded: it builds the
         // weights' derived state that decode uses (a recorder must not).
-        if state.decoded_by != Some(self.id) {
+        if !self.decode_state_built.load(Ordering::Acquire) {
             return Ok(None);
         }
         if matches!(state.recorded, Recorded::None) {
