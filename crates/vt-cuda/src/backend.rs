@@ -293,8 +293,8 @@ impl Backend for CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: argmax_part(float* cv, int* ci, const bf16* x, int n): grid (parts, rows) of
-        // ARGMAX_THREADS threads (whole warps); x holds rows * n bf16 values, cv and ci rows * parts each (the two halves of
-        // `candidates`).
+        // ARGMAX_THREADS threads (whole warps); x holds rows * n bf16 values, cv and ci rows * parts
+        // each (the two halves of `candidates`).
         launched(unsafe { l.launch(cfg) }, "argmax_part")?;
         let mut l = self.stream().launch_builder(&self.k().argmax_rows);
         l.arg(&pout).arg(&pv).arg(&pi).arg(&px).arg(&ni).arg(&parts_i);
