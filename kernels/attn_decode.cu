@@ -130,6 +130,20 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h1, 1)
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
 
+// One token of each of up to SEQ_MAX sequences, blockIdx.z the sequence: its rows of q, k and v,
+// its cache (kc.p, vc.p), its position start.v; part holds each sequence's q_heads * splits
+// partials in turn, so attn_dec_combine over seqs * q_heads "heads" merges them.
+#define ATT_DEC_SPLIT_SEQS_KERNEL(NAME, H)                                                                                        \
+    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, SeqPtrs kc, SeqPtrs vc, SeqInts start, \
+                                    int q_heads, int kv_heads, int d, int window, float scale, int splits) {                       \
+        int seq = blockIdx.z;                                                                                                      \
+        attn_dec_split<H>(part + (long long)seq * q_heads * splits * (d + 2), q + (long long)seq * q_heads * d,                    \
+                          k + (long long)seq * kv_heads * d, v + (long long)seq * kv_heads * d, (const bf16*)kc.p[seq],           \
+                          (const bf16*)vc.p[seq], q_heads, kv_heads, d, start.v[seq], nullptr, window, scale, splits);            \
+    }
+ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h1, 1)
+ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h4, 4)
+
 // out[h, :] = the splits of head h merged. Grid: q_heads, d to ATT_DEC_COMBINE_THREADS threads
 // (whole warps): the block finds the splits' max together, then blockDim / d groups of d threads
 // take every (blockDim / d)-th split, ATT_DEC_COMBINE_UNROLL splits' loads in flight, and the

@@ -19,6 +19,13 @@ typedef unsigned long long u64;
 // one memory latency per value (what made these one-block kernels take ~5 us).
 #define NORM_KEEP 16
 
+// Per-sequence values of a batched decode kernel (one token of each of up to SEQ_MAX sequences),
+// passed by value: device addresses of each sequence's state, or its position. Mirrors
+// vt-cuda's `SEQ_MAX` (crates/vt-cuda/src/backend.rs), which splits larger batches.
+#define SEQ_MAX 64
+struct SeqPtrs { u64 p[SEQ_MAX]; };
+struct SeqInts { int v[SEQ_MAX]; };
+
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
 
 // Round to nearest even, NaN stays NaN.

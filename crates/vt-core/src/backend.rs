@@ -81,14 +81,15 @@ pub struct GdnInputs<'a, B: Backend> {
     pub dt_bias: &'a Tensor<B>,
 }
 
-/// One decode token of a Gated DeltaNet mixer: its convolution step and the gated delta rule.
+/// One decode token of a Gated DeltaNet mixer for each of `n` sequences: its convolution step and
+/// the gated delta rule.
 pub struct GdnStep<'a, B: Backend> {
-    /// `[1, 2 * key_heads * key_dim + value_heads * value_dim]`: the q, k and v channels before
-    /// the convolution.
+    /// `[n, 2 * key_heads * key_dim + value_heads * value_dim]`: the q, k and v channels before
+    /// the convolution, a row per sequence.
     pub qkv: &'a Tensor<B>,
     /// Depthwise convolution weight `[channels, kernel]`.
     pub conv: &'a Tensor<B>,
-    /// `[1, value_heads]`, `[1, value_heads]`, `[value_heads]`, `[value_heads]`: as in `GdnInputs`.
+    /// `[n, value_heads]`, `[n, value_heads]`, `[value_heads]`, `[value_heads]`: as in `GdnInputs`.
     pub a: &'a Tensor<B>,
     pub b: &'a Tensor<B>,
     pub a_log: &'a Tensor<B>,
@@ -97,6 +98,14 @@ pub struct GdnStep<'a, B: Backend> {
     pub key_dim: usize,
     pub value_heads: usize,
     pub value_dim: usize,
+}
+
+/// One sequence's Gated DeltaNet state.
+pub struct GdnState<'a, B: Backend> {
+    /// The convolution's previous inputs, `[channels, kernel - 1]` in `activation_dtype`.
+    pub conv: &'a mut Tensor<B>,
+    /// The recurrent state, f32 `[value_heads, key_dim, value_dim]`.
+    pub recurrent: &'a mut Tensor<B>,
 }
 
 /// The shared expert of an MoE block: SwiGLU `down(silu(gate x) * up x)`, times
@@ -303,15 +312,30 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         moe_block_composed(self, x, router, experts, shared)
     }
 
-    /// One decode token of a Gated DeltaNet mixer: the convolution step (updating `conv_state`)
-    /// and the recurrent gated delta rule (updating `state`) -> `[1, value_heads, value_dim]`.
-    fn gated_delta_step(
+    /// One decode token of a Gated DeltaNet mixer for each of `states.len()` sequences (row `i`
+    /// of `step`'s inputs is sequence `i`'s): the convolution step (updating `states[i].conv`)
+    /// and the recurrent gated delta rule (updating `states[i].recurrent`) ->
+    /// `[n, value_heads, value_dim]`.
+    fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
+        gated_delta_step_composed(self, step, states)
+    }
+
+    /// Attention of one new token for each of `caches.len()` sequences: row `i` of `q`
+    /// `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads, head_dim]` sits at position
+    /// `positions[i]`, the length of `caches[i]`. Rotates q and k at those positions (`rope`),
+    /// appends k and v to each cache and attends as `attention` does -> `[n, q_heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_decode(
         &self,
-        step: &GdnStep<'_, Self>,
-        conv_state: &mut Tensor<Self>,
-        state: &mut Tensor<Self>,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        rope: &Rope,
+        positions: &[usize],
+        caches: &mut [&mut Self::KvCache],
+        params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        gated_delta_step_composed(self, step, conv_state, state)
+        attention_decode_composed(self, q, k, v, rope, positions, caches, params)
     }
 
     // ---- recorded decode steps (optional; the model uses them where `recorder` gives one) ----
@@ -395,21 +419,104 @@ pub fn moe_block_composed<B: Backend>(
     b.add(&routed, &y)
 }
 
-/// `Backend::gated_delta_step` from the primitive ops (the default, and a fused backend's fallback).
+/// Sequence `i`'s part of `x`, whose first dimension is `n` sequences, as `[1, ..]`; `None` where
+/// `x` is all of it (`n` = 1).
+fn seq_part<B: Backend>(b: &B, x: &Tensor<B>, i: usize, n: usize) -> Result<Option<Tensor<B>>> {
+    if n == 1 {
+        return Ok(None);
+    }
+    let per = x.rows() / n;
+    let mut shape = x.shape().to_vec();
+    shape[0] = 1;
+    Ok(Some(b.slice_rows(x, i * per, per)?.reshape(&shape)?))
+}
+
+/// Whether every tensor's first dimension is `n` (a part per sequence).
+fn per_seq<B: Backend>(n: usize, ts: &[&Tensor<B>]) -> bool {
+    n > 0 && ts.iter().all(|t| t.shape().first() == Some(&n))
+}
+
+/// `Backend::gated_delta_step` from the primitive ops, a sequence at a time (the default, and a
+/// fused backend's fallback).
 pub fn gated_delta_step_composed<B: Backend>(
     b: &B,
     s: &GdnStep<'_, B>,
-    conv_state: &mut Tensor<B>,
-    state: &mut Tensor<B>,
+    states: &mut [GdnState<'_, B>],
 ) -> Result<Tensor<B>> {
+    let op = "gated_delta_step";
+    let n = states.len();
+    if !per_seq(n, &[s.qkv, s.a, s.b]) {
+        return Err(crate::Error::input(format!(
+            "{op}: {n} sequences with qkv {:?}, a {:?}, b {:?} (a row each)",
+            s.qkv.shape(),
+            s.a.shape(),
+            s.b.shape()
+        )));
+    }
     let key_total = s.key_heads * s.key_dim;
-    let qkv = b.causal_conv1d(s.qkv, s.conv, conv_state)?;
-    let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
-    let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
-    let v =
-        b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[1, s.value_heads, s.value_dim])?;
-    let inputs = GdnInputs { q: &q, k: &k, v: &v, a: s.a, b: s.b, a_log: s.a_log, dt_bias: s.dt_bias };
-    b.gated_delta_rule(&inputs, state, GdnMode::Recurrent)
+    let parts = states
+        .iter_mut()
+        .enumerate()
+        .map(|(i, st)| {
+            let (x, a, beta) = (seq_part(b, s.qkv, i, n)?, seq_part(b, s.a, i, n)?, seq_part(b, s.b, i, n)?);
+            let (x, a, beta) = (x.as_ref().unwrap_or(s.qkv), a.as_ref().unwrap_or(s.a), beta.as_ref().unwrap_or(s.b));
+            let qkv = b.causal_conv1d(x, s.conv, st.conv)?;
+            let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+            let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+            let v = b
+                .narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?
+                .reshape(&[1, s.value_heads, s.value_dim])?;
+            let inputs = GdnInputs { q: &q, k: &k, v: &v, a, b: beta, a_log: s.a_log, dt_bias: s.dt_bias };
+            b.gated_delta_rule(&inputs, st.recurrent, GdnMode::Recurrent)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    concat(b, parts)
+}
+
+/// `Backend::attention_decode` from `rope` and `attention`, a sequence at a time (the default,
+/// and a fused backend's fallback).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_composed<B: Backend>(
+    b: &B,
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    v: &Tensor<B>,
+    rope: &Rope,
+    positions: &[usize],
+    caches: &mut [&mut B::KvCache],
+    params: &AttentionParams,
+) -> Result<Tensor<B>> {
+    let op = "attention_decode";
+    let n = caches.len();
+    if positions.len() != n || !per_seq(n, &[q, k, v]) {
+        return Err(crate::Error::input(format!(
+            "{op}: {n} caches, {} positions, q {:?}, k {:?}, v {:?} (a row each)",
+            positions.len(),
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
+    }
+    let parts = caches
+        .iter_mut()
+        .zip(positions)
+        .enumerate()
+        .map(|(i, (cache, &pos))| {
+            let (qi, ki, vi) = (seq_part(b, q, i, n)?, seq_part(b, k, i, n)?, seq_part(b, v, i, n)?);
+            let qi = b.rope(qi.as_ref().unwrap_or(q), pos, rope)?;
+            let ki = b.rope(ki.as_ref().unwrap_or(k), pos, rope)?;
+            b.attention(&qi, &ki, vi.as_ref().unwrap_or(v), cache, params)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    concat(b, parts)
+}
+
+/// `parts` stacked by rows (the one part itself, uncopied).
+fn concat<B: Backend>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
+    match parts.len() {
+        1 => Ok(parts.pop().expect("one part")),
+        _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
+    }
 }
 
 #[cfg(test)]

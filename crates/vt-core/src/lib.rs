@@ -13,7 +13,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use backend::{
-    argmax, AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, MemoryStats, NormKind, Rope,
+    argmax, AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, MemoryStats, NormKind, Rope,
     SharedExpert,
 };
 pub use dtype::DType;

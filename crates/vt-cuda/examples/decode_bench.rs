@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use vt_core::backend::{gated_delta_step_composed, moe_block_composed};
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
+    AttentionParams, Backend, DType, Expert, GdnState, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
     SharedExpert, Tensor, Weight,
 };
 use vt_cuda::CudaBackend;
@@ -141,15 +141,16 @@ fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
 
 fn gdn(b: &B, r: &Report) -> Result<()> {
     for batch in [1usize, 16, 64] {
-        let (kh, vh) = (KEY_HEADS * batch, VALUE_HEADS * batch);
+        // `batch` sequences of Qwen3.5's heads, each with its own states.
+        let (kh, vh) = (KEY_HEADS, VALUE_HEADS);
         let channels = (2 * kh + vh) * HEAD;
         let sets = (256 / batch).max(2);
-        let mut states = (0..sets)
+        let mut states = (0..sets * batch)
             .map(|_| Ok((b.zeros(&[channels, 3])?, b.zeros_f32(&[vh, HEAD, HEAD])?)))
             .collect::<Result<Vec<_>>>()?;
         let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
         let (qkv, conv, a, bb) =
-            (rnd(&[1, channels], 1)?, rnd(&[channels, 4], 2)?, rnd(&[1, vh], 3)?, rnd(&[1, vh], 4)?);
+            (rnd(&[batch, channels], 1)?, rnd(&[channels, 4], 2)?, rnd(&[batch, vh], 3)?, rnd(&[batch, vh], 4)?);
         let (a_log, dt_bias) = (rnd(&[vh], 5)?, rnd(&[vh], 6)?);
         let step = GdnStep {
             qkv: &qkv,
@@ -164,11 +165,15 @@ fn gdn(b: &B, r: &Report) -> Result<()> {
             value_dim: HEAD,
         };
         let mut run = |i: usize, fused: bool| -> Result<()> {
-            let (cs, s) = &mut states[i % sets];
+            let set = i % sets;
+            let mut seqs: Vec<GdnState<'_, B>> = states[set * batch..(set + 1) * batch]
+                .iter_mut()
+                .map(|(conv, recurrent)| GdnState { conv, recurrent })
+                .collect();
             if fused {
-                b.gated_delta_step(&step, cs, s)?;
+                b.gated_delta_step(&step, &mut seqs)?;
             } else {
-                gated_delta_step_composed(b, &step, cs, s)?;
+                gated_delta_step_composed(b, &step, &mut seqs)?;
             }
             Ok(())
         };
@@ -176,7 +181,7 @@ fn gdn(b: &B, r: &Report) -> Result<()> {
             run(i, true)?;
             run(i, false)?;
         }
-        let state_bytes = (2 * vh * HEAD * HEAD * 4) as f64;
+        let state_bytes = (2 * batch * vh * HEAD * HEAD * 4) as f64;
         let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
         r.row(
             &format!("gdn decode step batch {batch} (fused)"),

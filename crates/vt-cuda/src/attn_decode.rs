@@ -5,7 +5,7 @@
 use cudarc::driver::LaunchConfig;
 use vt_core::Result;
 
-use crate::backend::i32_of;
+use crate::backend::{i32_of, SEQ_MAX};
 use crate::launch::Overlapped;
 use crate::CudaBackend;
 
@@ -94,17 +94,80 @@ pub(crate) fn launch(
     // position (kv.rs reserved it); part holds q_heads * splits * (d + 2) floats; start_at is 0 or
     // a recording's position. The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
+    combine(b, o.out, pp, q_heads, d, splits)
+}
+
+/// One token of each of `kv.starts.len()` (at most `SEQ_MAX`) sequences: row `i` of the operands
+/// is sequence `i`'s, over its cache `(kv.keys[i], kv.values[i])` at position `kv.starts[i]`.
+/// `o.kc` and `o.vc` are not read.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_seqs(
+    b: &CudaBackend,
+    o: &Operands,
+    kv: &SeqCaches,
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    window: usize,
+    scale: f32,
+) -> Result<()> {
+    let seqs = kv.len;
+    let visible = |start: i32| {
+        let seen = start as usize + 1;
+        if window > 0 { seen.min(window) } else { seen }
+    };
+    let splits = kv.starts[..seqs].iter().map(|&s| visible(s)).max().unwrap_or(1).div_ceil(SPLIT);
+    let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
+    let pp = part.ptr();
+    let (hq, hkv, di, wi, sp) =
+        (i32_of(q_heads, "heads")?, i32_of(kv_heads, "kv heads")?, d as i32, i32_of(window, "window")?, i32_of(splits, "splits")?);
+    let (split, heads) =
+        if d <= 128 { (&b.k().attn_dec_split_seqs_h4, 4) } else { (&b.k().attn_dec_split_seqs_h1, 1) };
+    let mut l = Overlapped::new(b, split);
+    l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&kv.keys).arg(&kv.values).arg(&kv.starts);
+    l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sp);
+    let blocks_per_kv = (q_heads / kv_heads).div_ceil(heads);
+    let cfg = LaunchConfig {
+        grid_dim: (splits as u32, (kv_heads * blocks_per_kv) as u32, seqs as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: attn_dec_split_seqs_h{H}(float* part, q, k, v, SeqPtrs kc, SeqPtrs vc, SeqInts
+    // start, int q_heads, int kv_heads, int d, int window, float scale, int splits) with H =
+    // heads: grid (splits, kv_heads * ceil(group / H), seqs <= SEQ_MAX) of 128 threads, the splits
+    // covering every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d];
+    // cache i (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and
+    // room for start i (kv.rs reserved it); part holds seqs * q_heads * splits * (d + 2) floats;
+    // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (kv.rs and fits checked). The kernel starts
+    // with grid_dep_begin.
+    unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
+    // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to merge.
+    combine(b, o.out, pp, seqs * q_heads, d, splits)
+}
+
+/// Per-sequence caches of a batched decode launch, as its kernels take them by value.
+pub(crate) struct SeqCaches {
+    pub keys: [u64; SEQ_MAX],
+    pub values: [u64; SEQ_MAX],
+    pub starts: [i32; SEQ_MAX],
+    /// Sequences filled in.
+    pub len: usize,
+}
+
+/// Merges `heads` heads' `splits` partials at `part` into `out`.
+fn combine(b: &CudaBackend, out: u64, part: u64, heads: usize, d: usize, splits: usize) -> Result<()> {
+    let (di, sp) = (d as i32, i32_of(splits, "splits")?);
     let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
-    l.arg(&o.out).arg(&pp).arg(&di).arg(&sp);
+    l.arg(&out).arg(&part).arg(&di).arg(&sp);
     // A group of d threads per 8 splits, 256 threads at least, up to ATT_DEC_COMBINE_THREADS
     // (kernels/attn_decode.cu): a large block only where there are many splits to share out
     // (H200: a 512-key window's 8 splits of d = 128 took 18.7 us with a group per split).
     let groups = (splits / 8).clamp(1, COMBINE_THREADS / d);
     let threads = (d * groups).max(256).next_multiple_of(32).min(COMBINE_THREADS);
-    let cfg = LaunchConfig { grid_dim: (q_heads as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attn_dec_combine(bf16* out, const float* part, int d, int splits): one block per
-    // head of d..=1024 threads (whole warps) over the partials written above on this stream; out
-    // holds q_heads * d values.
+    // head of d..=1024 threads (whole warps) over the partials written before it on this stream
+    // (heads * splits * (d + 2) floats); out holds heads * d values.
     // The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_combine") }
 }

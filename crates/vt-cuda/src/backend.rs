@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use half::bf16;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnStep, Linear, MemoryStats,
+    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats,
     MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
@@ -31,6 +31,9 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 const MAX_CONV_TAPS: usize = 16;
 const MAX_ROPE_FREQS: usize = 128;
 pub(crate) const MAX_TOP_K: usize = 32;
+/// Sequences one launch of a batched decode kernel serves (`SEQ_MAX` of kernels/common.cuh, the
+/// length of its by-value `SeqPtrs` and `SeqInts`); larger batches take several launches.
+pub(crate) const SEQ_MAX: usize = 64;
 
 /// Threads of an `argmax_part` block and the values each loads per round (`ARGMAX_LOADS` of
 /// kernels/elementwise.cu).
@@ -74,6 +77,39 @@ pub(crate) fn launched<T>(r: std::result::Result<T, DriverError>, kernel: &str) 
 /// `n` threads in blocks of 256.
 pub(crate) fn grid1(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
+fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; MAX_ROPE_FREQS], i32)> {
+    let half = rope.inv_freq.len();
+    check(2 * half <= dim && half <= MAX_ROPE_FREQS, op, || format!("rotary dim {} with head dim {dim}", 2 * half))?;
+    let mut freqs = [0.0f32; MAX_ROPE_FREQS];
+    freqs[..half].copy_from_slice(&rope.inv_freq);
+    Ok((freqs, half as i32))
+}
+
+/// Rotates `x`, one token `[heads, dim]` of each of `seqs` (at most `SEQ_MAX`) sequences, token
+/// `i` at position `starts[i]`, into `out` (as many bf16 values).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_seqs(
+    b: &CudaBackend,
+    out: u64,
+    x: u64,
+    seqs: usize,
+    heads: usize,
+    dim: usize,
+    starts: &[i32; SEQ_MAX],
+    rope: &Rope,
+) -> Result<()> {
+    let (freqs, half) = rope_freqs(rope, dim, "rope")?;
+    let (ti, hi, di) = (seqs as i32, i32_of(heads, "heads")?, i32_of(dim, "head dim")?);
+    let mut l = Overlapped::new(b, &b.k().rope_seqs);
+    l.arg(&out).arg(&x).arg(&ti).arg(&hi).arg(&di).arg(starts).arg(&half).arg(&freqs).arg(&rope.attention_scaling);
+    // SAFETY: rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, SeqInts pos, int half,
+    // RopeFreqs inv, float scaling): t = seqs <= SEQ_MAX tokens of heads * d values in x and out
+    // (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel starts with
+    // grid_dep_begin.
+    unsafe { l.launch(grid1(seqs * heads * dim), "rope_seqs") }
 }
 
 pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32> {
@@ -541,20 +577,14 @@ impl Backend for CudaBackend {
 
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
         let (t, heads, dim) = x.dims3("cuda", "rope")?;
-        let half = rope.inv_freq.len();
-        check(2 * half <= dim && half <= MAX_ROPE_FREQS, "rope", || {
-            format!("rotary dim {} with head dim {dim}", 2 * half)
-        })?;
+        let (freqs, half) = rope_freqs(rope, dim, "rope")?;
         let px = act(x, "rope")?;
-        let mut freqs = [0.0f32; MAX_ROPE_FREQS];
-        freqs[..half].copy_from_slice(&rope.inv_freq);
         let out = self.empty(DType::BF16, x.shape())?;
         let po = out.buffer().ptr();
-        let (ti, hi, di, si, hf) =
-            (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?, half as i32);
+        let (ti, hi, di, si) = (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?);
         let start_at = self.recording().map(|r| r.pos_at("rope", start)).transpose()?.unwrap_or(0);
         let mut l = Overlapped::new(self, &self.k().rope);
-        l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&start_at).arg(&hf);
+        l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&start_at).arg(&half);
         l.arg(&freqs).arg(&rope.attention_scaling);
         // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int*
         // start_at, int half, RopeFreqs inv (float[128] by value), float scaling): x and out hold
@@ -737,15 +767,26 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn gated_delta_step(
-        &self,
-        step: &GdnStep<'_, Self>,
-        conv_state: &mut Tensor<Self>,
-        state: &mut Tensor<Self>,
-    ) -> Result<Tensor<Self>> {
-        match crate::gdn_decode::step(self, step, conv_state, state)? {
+    fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
+        match crate::gdn_decode::step(self, step, states)? {
             Some(out) => Ok(out),
-            None => vt_core::backend::gated_delta_step_composed(self, step, conv_state, state),
+            None => vt_core::backend::gated_delta_step_composed(self, step, states),
+        }
+    }
+
+    fn attention_decode(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        rope: &Rope,
+        positions: &[usize],
+        caches: &mut [&mut CudaKvCache],
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        match crate::kv::attention_decode(self, q, k, v, rope, positions, caches, params)? {
+            Some(out) => Ok(out),
+            None => vt_core::backend::attention_decode_composed(self, q, k, v, rope, positions, caches, params),
         }
     }
 

@@ -77,16 +77,16 @@ macro_rules! kernels {
 }
 
 kernels! {
-    "elementwise.cu" => [embedding, rms_norm_gated, add, swiglu, gate, narrow_cols, rope, argmax_part, argmax_rows],
+    "elementwise.cu" => [embedding, rms_norm_gated, add, swiglu, gate, narrow_cols, rope, rope_seqs, argmax_part, argmax_rows],
     "linear.cu" => [linear_rows],
-    "attention.cu" => [kv_append, attention],
+    "attention.cu" => [kv_append, kv_append_seqs, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
     "gemv.cu" => [gemv_bf16, gemv_nvfp4, gemv_bf16_t1, gemv_nvfp4_t1, moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
-    "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_combine],
+    "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_split_seqs_h1, attn_dec_split_seqs_h4, attn_dec_combine],
     "add_norm.cu" => [rms_norm, add_rms_norm],
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],

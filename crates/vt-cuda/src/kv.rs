@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
-use vt_core::{AttentionParams, DType, Result, Tensor};
+use vt_core::{AttentionParams, DType, Result, Rope, Tensor};
 
 use crate::alloc::{driver_err, Allocator, CudaBuffer};
-use crate::backend::{act, check, err, grid1, i32_of, launched, MAX_HEAD_DIM};
+use crate::attn_decode::SeqCaches;
+use crate::backend::{act, check, err, grid1, i32_of, launched, rope_seqs, MAX_HEAD_DIM, SEQ_MAX};
 use crate::launch::Overlapped;
 use crate::record::RecordedCache;
 use crate::CudaBackend;
@@ -219,4 +220,95 @@ pub(crate) fn attention(
         _ => cache.len += t,
     }
     Ok(out)
+}
+
+/// `Backend::attention_decode` with the batched decode kernels (rope, split attention and append
+/// over every sequence at once, `SEQ_MAX` sequences a launch); `None` where they do not take
+/// the head shape (the caller composes).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_decode(
+    b: &CudaBackend,
+    q: &Tensor<CudaBackend>,
+    k: &Tensor<CudaBackend>,
+    v: &Tensor<CudaBackend>,
+    rope: &Rope,
+    positions: &[usize],
+    caches: &mut [&mut CudaKvCache],
+    p: &AttentionParams,
+) -> Result<Option<Tensor<CudaBackend>>> {
+    let op = "attention_decode";
+    let n = caches.len();
+    let (kv_heads, head_dim, window) = match caches.first() {
+        Some(c) => (c.kv_heads, c.head_dim, c.window),
+        None => return Err(err(format!("{op}: no sequences"))),
+    };
+    let q_heads = q.shape().get(1).copied().unwrap_or(0);
+    check(
+        q.shape() == [n, q_heads, head_dim]
+            && k.shape() == [n, kv_heads, head_dim]
+            && v.shape() == k.shape()
+            && positions.len() == n
+            && kv_heads > 0
+            && q_heads % kv_heads == 0
+            && p.window == window
+            && caches.iter().all(|c| c.kv_heads == kv_heads && c.head_dim == head_dim && c.window == window),
+        op,
+        || {
+            format!(
+                "{n} caches of {kv_heads} heads x {head_dim} (window {window:?}, asked {:?}), {} positions, q {:?}, k {:?}, v {:?}",
+                p.window,
+                positions.len(),
+                q.shape(),
+                k.shape(),
+                v.shape()
+            )
+        },
+    )?;
+    if let Some((i, (c, pos))) = caches.iter().zip(positions).enumerate().find(|(_, (c, &pos))| c.len != pos) {
+        return Err(err(format!("{op}: sequence {i} at position {pos} with a cache of {} positions", c.len)));
+    }
+    // A recorded step reads one sequence's position from device memory; these are by value.
+    check(b.recording().is_none(), op, || "a recorded step runs one sequence".into())?;
+    if !crate::attn_decode::fits(1, head_dim) {
+        return Ok(None);
+    }
+    let (pq, pk, pv) = (act(q, op)?, act(k, op)?, act(v, op)?);
+    let out = b.empty(DType::BF16, q.shape())?;
+    let (qr, kr) = (b.empty(DType::BF16, q.shape())?, b.empty(DType::BF16, k.shape())?);
+    let (q_row, kv_row) = ((q_heads * head_dim * 2) as u64, (kv_heads * head_dim * 2) as u64);
+    let row = i32_of(kv_heads * head_dim, "cache row")?;
+    let wi = i32_of(window.unwrap_or(0), "window")?;
+    for (c, chunk) in caches.chunks_mut(SEQ_MAX).enumerate() {
+        let first = (c * SEQ_MAX) as u64;
+        let mut kv = SeqCaches { keys: [0; SEQ_MAX], values: [0; SEQ_MAX], starts: [0; SEQ_MAX], len: chunk.len() };
+        for (i, cache) in chunk.iter_mut().enumerate() {
+            (kv.keys[i], kv.values[i]) = cache.reserve(1)?;
+            kv.starts[i] = i32_of(cache.len, "position")?;
+        }
+        let ops = crate::attn_decode::Operands {
+            out: out.buffer().ptr() + first * q_row,
+            q: qr.buffer().ptr() + first * q_row,
+            k: kr.buffer().ptr() + first * kv_row,
+            v: pv + first * kv_row,
+            kc: 0,
+            vc: 0,
+        };
+        rope_seqs(b, ops.q, pq + first * q_row, kv.len, q_heads, head_dim, &kv.starts, rope)?;
+        rope_seqs(b, ops.k, pk + first * kv_row, kv.len, kv_heads, head_dim, &kv.starts, rope)?;
+        let (w, scale) = (window.unwrap_or(0), p.scale);
+        crate::attn_decode::launch_seqs(b, &ops, &kv, q_heads, kv_heads, head_dim, w, scale)?;
+        let ti = kv.len as i32;
+        let mut l = Overlapped::new(b, &b.k().kv_append_seqs);
+        l.arg(&kv.keys).arg(&kv.values).arg(&ops.k).arg(&ops.v).arg(&ti).arg(&row).arg(&kv.starts).arg(&wi);
+        // SAFETY: kv_append_seqs(SeqPtrs kc, SeqPtrs vc, const bf16* k, const bf16* v, int t, int
+        // row, SeqInts start, int window): t = kv.len <= SEQ_MAX rows of `row` values in k and v,
+        // row i into cache i at its position (mod window), which reserve(1) made room for; queued
+        // after the attention kernel, which reads the rows it may overwrite; the kernel starts with
+        // grid_dep_begin.
+        unsafe { l.launch(grid1(kv.len * kv_heads * head_dim), "kv_append_seqs")? };
+        for cache in chunk.iter_mut() {
+            cache.len += 1;
+        }
+    }
+    Ok(Some(out))
 }

@@ -10,7 +10,7 @@
 #![cfg(feature = "cuda")]
 
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MoeExperts, NormKind, Nvfp4,
+    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, NormKind, Nvfp4,
     Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
@@ -670,12 +670,121 @@ fn gated_delta_step_decode() {
                     value_heads: vh,
                     value_dim: dk,
                 };
-                all.extend(out(b, &b.gated_delta_step(&step, &mut conv_state, &mut state).unwrap()));
+                let mut seq = [GdnState { conv: &mut conv_state, recurrent: &mut state }];
+                all.extend(out(b, &b.gated_delta_step(&step, &mut seq).unwrap()));
             }
             all.extend(out(b, &state));
             all.extend(out(b, &conv_state));
             all
         });
+    }
+}
+
+/// Sequences as a batched decode step finds them: each at its own point (`solo[i]` single-token
+/// steps of its own first), then `steps` steps of all of them together; more sequences than a
+/// launch serves (SEQ_MAX = 64), so the batch splits.
+#[test]
+fn gated_delta_step_batched_sequences() {
+    let gpu = &cuda();
+    let mut r = Rng(0xba7c);
+    let (kh, vh, dk, taps, n, steps) = (1, 2, 128, 4, 67, 2);
+    let channels = (2 * kh + vh) * dk;
+    let solo: Vec<usize> = (0..n).map(|i| i % 3).collect();
+    let solo_total: usize = solo.iter().sum();
+    let (x_solo, x_all) = (r.vec(solo_total * channels, 2.0), r.vec(steps * n * channels, 2.0));
+    let (ab_solo, ab_all) = (r.vec(2 * solo_total * vh, 2.0), r.vec(2 * steps * n * vh, 2.0));
+    let (a_log, dt_bias, conv) = (r.vec(vh, 1.0), r.vec(vh, 1.0), r.vec(channels * taps, 0.7));
+    on_both!(gpu, &format!("gated_delta_step {n} sequences [{kh}, {vh}, {dk}, {dk}]"), U, |b| {
+        let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+        let cw = b.upload(DType::BF16, &[channels, taps], &bf16_bytes(&conv)).unwrap();
+        let mut states: Vec<_> =
+            (0..n).map(|_| (b.zeros(&[channels, taps - 1]).unwrap(), b.zeros_f32(&[vh, dk, dk]).unwrap())).collect();
+        // `rows` rows of inputs from `x` and `ab` (a then b) at row `at`, stepping `seqs`.
+        let run = |seqs: &mut [GdnState<'_, _>], x: &[f32], ab: &[f32], at: usize| {
+            let rows = seqs.len();
+            let xt = act(b, &[rows, channels], &x[at * channels..(at + rows) * channels]);
+            let ab = &ab[2 * at * vh..2 * (at + rows) * vh];
+            let (at_, bt) = (act(b, &[rows, vh], &ab[..rows * vh]), act(b, &[rows, vh], &ab[rows * vh..]));
+            let step = GdnStep {
+                qkv: &xt,
+                conv: &cw,
+                a: &at_,
+                b: &bt,
+                a_log: &al,
+                dt_bias: &dt,
+                key_heads: kh,
+                key_dim: dk,
+                value_heads: vh,
+                value_dim: dk,
+            };
+            out(b, &b.gated_delta_step(&step, seqs).unwrap())
+        };
+        let mut at = 0;
+        for ((conv, recurrent), &k) in states.iter_mut().zip(&solo) {
+            for _ in 0..k {
+                run(&mut [GdnState { conv, recurrent }], &x_solo, &ab_solo, at);
+                at += 1;
+            }
+        }
+        let mut all = Vec::new();
+        for s in 0..steps {
+            let mut seqs: Vec<_> = states.iter_mut().map(|(conv, recurrent)| GdnState { conv, recurrent }).collect();
+            all.extend(run(&mut seqs, &x_all, &ab_all, s * n));
+        }
+        for (conv, recurrent) in &states {
+            all.extend(out(b, recurrent));
+            all.extend(out(b, conv));
+        }
+        all
+    });
+}
+
+/// Attention decode of many sequences in one call: caches of different lengths (one position to
+/// several splits, ring windows wrapped or not), q and k rotated at each sequence's own position,
+/// more sequences than a launch serves.
+#[test]
+fn attention_decode_batched_sequences() {
+    let gpu = &cuda();
+    let mut r = Rng(0xa7b5);
+    let (n, steps) = (67, 2);
+    let lens: Vec<usize> = (0..n).map(|i| 1 + (i * 37) % 300).collect();
+    let total: usize = lens.iter().sum::<usize>() + steps * n;
+    for (hq, hkv, d) in [(16, 2, 256), (12, 2, 128)] {
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        // Partial rotary, as Qwen3.5's.
+        let half = d / 8;
+        let rope = Rope {
+            inv_freq: (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect(),
+            attention_scaling: 1.0,
+        };
+        for window in [None, Some(130)] {
+            let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+            on_both!(gpu, &format!("attention decode {n} sequences [{hq}, {hkv}, {d}] window {window:?}"), U, |b| {
+                let rows = |at: usize, t: usize| {
+                    (
+                        act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
+                        act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
+                        act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
+                    )
+                };
+                let mut caches: Vec<_> = (0..n).map(|_| b.new_kv_cache(hkv, d, window).unwrap()).collect();
+                let mut at = 0;
+                for (cache, &len) in caches.iter_mut().zip(&lens) {
+                    let (qt, kt, vt) = rows(at, len);
+                    b.attention(&qt, &kt, &vt, cache, &params).unwrap();
+                    at += len;
+                }
+                let mut all = Vec::new();
+                for s in 0..steps {
+                    let (qt, kt, vt) = rows(at, n);
+                    let positions: Vec<usize> = lens.iter().map(|l| l + s).collect();
+                    let mut seqs: Vec<_> = caches.iter_mut().collect();
+                    all.extend(out(b, &b.attention_decode(&qt, &kt, &vt, &rope, &positions, &mut seqs, &params).unwrap()));
+                    at += n;
+                }
+                all
+            });
+        }
     }
 }
 

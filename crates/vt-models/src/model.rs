@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
-    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnStep, Linear, MoeExperts, Result, Router, Tensor,
+    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, Result, Router, Tensor,
 };
 
 use crate::loader::{DummyWeights, Loader};
@@ -384,7 +384,8 @@ impl<B: Backend> Model<B> {
             state.pos += span.len;
         }
         // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
-        if which == Logits::Last {
+        // (Where every sequence ran one token, its row is its last.)
+        if which == Logits::Last && spans.iter().any(|s| s.len > 1) {
             h = self.per_seq(b, &spans, |_, s| b.slice_rows(&h, s.row + s.len - 1, 1))?;
         }
         b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
@@ -433,9 +434,17 @@ impl<B: Backend> Model<B> {
         };
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &a.q_norm, self.spec.eps, s.qk_norm)?;
         let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &a.k_norm, self.spec.eps, s.qk_norm)?;
+        let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
+        // Many sequences' single-token steps: one batched call. One sequence keeps the per-sequence
+        // ops, which a recorded step records.
+        if spans.len() > 1 && spans.iter().all(|sp| sp.len == 1) {
+            let positions: Vec<usize> = spans.iter().map(|sp| sp.start).collect();
+            let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
+            let o = b.attention_decode(&q, &k, &v, &s.rope, &positions, &mut kv_caches(states)?, &params)?;
+            return self.attention_out(b, a, o.reshape(&[t, width])?, gate, g_proj);
+        }
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
-        let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
         let o = self.per_seq(b, spans, |i, sp| {
             let LayerState::Attention(cache) = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
@@ -446,7 +455,19 @@ impl<B: Backend> Model<B> {
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
             b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
         })?;
-        let o = match (s.gate, gate, g_proj) {
+        self.attention_out(b, a, o, gate, g_proj)
+    }
+
+    /// The attention output `o` `[t, q_heads * head_dim]` gated as the model gates it, projected.
+    fn attention_out(
+        &self,
+        b: &B,
+        a: &Attention<B>,
+        o: Tensor<B>,
+        gate: Option<Tensor<B>>,
+        g_proj: Option<Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        let o = match (a.spec.gate, gate, g_proj) {
             (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
             (AttnGate::Softplus { .. }, _, Some(g)) => b.gate(&o, &g, GateAct::Softplus)?,
             _ => o,
@@ -464,20 +485,63 @@ impl<B: Backend> Model<B> {
     ) -> Result<Tensor<B>> {
         let s = &d.spec;
         let t = x.rows();
-        let key_total = s.key_heads * s.key_dim;
         let [qkv_in, z, a, beta_in]: [Tensor<B>; 4] = b
             .linear_many(x, &[&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_a, &d.in_proj_b])?
             .try_into()
             .map_err(|_| Error::input("linear_many returned too few outputs"))?;
+        // Single-token steps, of one sequence or many: the recurrent form, one call for all.
+        // (As transformers: the recurrent form for single-token steps, the chunked form otherwise.)
+        let o = if spans.iter().all(|sp| sp.len == 1) {
+            let step = GdnStep {
+                qkv: &qkv_in,
+                conv: &d.conv,
+                a: &a,
+                b: &beta_in,
+                a_log: &d.a_log,
+                dt_bias: &d.dt_bias,
+                key_heads: s.key_heads,
+                key_dim: s.key_dim,
+                value_heads: s.value_heads,
+                value_dim: s.value_dim,
+            };
+            let mut gdn_states = states
+                .iter_mut()
+                .map(|st| match &mut **st {
+                    LayerState::DeltaNet { conv, recurrent } => Ok(GdnState { conv, recurrent }),
+                    LayerState::Attention(_) => Err(Error::input("sequence state belongs to another model")),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            b.gated_delta_step(&step, &mut gdn_states)?
+        } else {
+            self.delta_net_chunks(b, d, [qkv_in, a, beta_in], spans, states)?
+        };
+        let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
+        let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
+        let o = b.rms_norm_gated(&o, &z, &d.norm, self.spec.eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
+        b.linear(&o, &d.out_proj)
+    }
+
+    /// The delta rule of a step with prompt chunks, a sequence at a time in the chunked form (a
+    /// single token in the recurrent form) -> `[t, value_heads * value_dim]`.
+    fn delta_net_chunks(
+        &self,
+        b: &B,
+        d: &DeltaNet<B>,
+        [qkv_in, a, beta_in]: [Tensor<B>; 3],
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+    ) -> Result<Tensor<B>> {
+        let s = &d.spec;
+        let key_total = s.key_heads * s.key_dim;
         let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
-        let o = self.per_seq(b, spans, |i, sp| {
+        self.per_seq(b, spans, |i, sp| {
             let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
             let n = sp.len;
+            let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             if n == 1 {
-                let (qkv, a, beta_in) =
-                    (take_rows(b, &mut qkv_in, sp)?, take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
+                let qkv = take_rows(b, &mut qkv_in, sp)?;
                 let step = GdnStep {
                     qkv: &qkv,
                     conv: &d.conv,
@@ -490,7 +554,9 @@ impl<B: Backend> Model<B> {
                     value_heads: s.value_heads,
                     value_dim: s.value_dim,
                 };
-                return b.gated_delta_step(&step, conv, recurrent)?.reshape(&[1, s.value_heads * s.value_dim]);
+                return b
+                    .gated_delta_step(&step, &mut [GdnState { conv, recurrent }])?
+                    .reshape(&[1, s.value_heads * s.value_dim]);
             }
             let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &d.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
@@ -500,15 +566,9 @@ impl<B: Backend> Model<B> {
                 s.value_heads,
                 s.value_dim,
             ])?;
-            let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
-            // As transformers: the recurrent form for single-token steps (above), the chunked form otherwise.
             b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])
-        })?;
-        let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
-        let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
-        let o = b.rms_norm_gated(&o, &z, &d.norm, self.spec.eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
-        b.linear(&o, &d.out_proj)
+        })
     }
 
     fn mlp(&self, b: &B, m: &Mlp<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
@@ -525,6 +585,17 @@ impl<B: Backend> Model<B> {
         });
         b.moe_block(x, &m.router, &m.experts, shared.as_ref())
     }
+}
+
+/// The KV caches of one attention layer's `states`, a sequence each.
+fn kv_caches<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<&'s mut B::KvCache>> {
+    states
+        .iter_mut()
+        .map(|st| match &mut **st {
+            LayerState::Attention(cache) => Ok(cache),
+            LayerState::DeltaNet { .. } => Err(Error::input("sequence state belongs to another model")),
+        })
+        .collect()
 }
 
 /// The rows of one sequence's span of a batched tensor: the tensor itself, taken, when the span is
