@@ -113,6 +113,53 @@ fn prefill_then_decode_matches_reference() {
     assert!(failed.is_empty(), "{failed:?}");
 }
 
+/// Several sequences, prefilled alone to different lengths, then decoded together in batched
+/// steps (one token each: the batched GDN and attention decode kernels): each row of each step
+/// against the reference's logits at that sequence's position.
+#[test]
+fn batched_decode_of_sequences_at_different_positions_matches_reference() {
+    let b = CudaBackend::new().unwrap();
+    let mut failed = Vec::new();
+    for dir in all_fixtures() {
+        let r = Reference::load(&dir);
+        let m = Model::load(&b, &dir).unwrap();
+        let seq = r.sequence();
+        let steps = 4;
+        let starts: Vec<usize> =
+            [1, 2, 5, r.prompt_ids.len()].into_iter().filter(|&p| p + steps <= seq.len()).collect();
+        let mut states: Vec<_> = starts
+            .iter()
+            .map(|&p| {
+                let mut st = m.new_state().unwrap();
+                m.forward(&seq[..p], &mut st, Logits::Last).unwrap();
+                st
+            })
+            .collect();
+        let (mut ours, mut want) = (Vec::new(), Vec::new());
+        for s in 0..steps {
+            let mut batch: Vec<(&[u32], &mut _)> =
+                starts.iter().zip(states.iter_mut()).map(|(&p, st)| (&seq[p + s..p + s + 1], st)).collect();
+            ours.extend(b.to_f32(&m.forward_batch(&mut batch).unwrap()).unwrap());
+            for &p in &starts {
+                want.extend_from_slice(r.row(p + s));
+            }
+        }
+        let (worst, tol) = (max_abs_diff(&ours, &want), bound(&r));
+        let rows = starts.len() * steps;
+        let over = rows_over(&ours, &want, r.vocab, tol);
+        println!(
+            "fixture {}: {} sequences from positions {starts:?}, {steps} batched decode steps, max |dlogit| cuda-hf = {worst:.3e}; bound {tol:.3e} exceeded at {} rows {over:?}",
+            name(&dir),
+            starts.len(),
+            over.len()
+        );
+        if starts.len() < 2 || !within(&over, rows) {
+            failed.push(format!("{}: {} sequences, {} of {rows} rows over {tol}: {over:?}", name(&dir), starts.len(), over.len()));
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
 /// Greedy ids against the reference's, tolerating a mismatch only at a near tie (reference top-2
 /// gap below `tol`); returns the steps compared.
 fn check_greedy(r: &Reference, ours: &[u32], tol: f32) -> Result<usize, String> {
