@@ -463,9 +463,11 @@ pub fn gated_delta_step_composed<B: Backend>(
             let qkv = b.causal_conv1d(x, s.conv, st.conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
             let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
-            let v = b
-                .narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?
-                .reshape(&[1, s.value_heads, s.value_dim])?;
+            let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
+                1,
+                s.value_heads,
+                s.value_dim,
+            ])?;
             let inputs = GdnInputs { q: &q, k: &k, v: &v, a, b: beta, a_log: s.a_log, dt_bias: s.dt_bias };
             b.gated_delta_rule(&inputs, st.recurrent, GdnMode::Recurrent)
         })

@@ -114,15 +114,23 @@ pub(crate) fn launch_seqs(
     let seqs = kv.len;
     let visible = |start: i32| {
         let seen = start as usize + 1;
-        if window > 0 { seen.min(window) } else { seen }
+        if window > 0 {
+            seen.min(window)
+        } else {
+            seen
+        }
     };
     let splits = kv.starts[..seqs].iter().map(|&s| visible(s)).max().unwrap_or(1).div_ceil(SPLIT);
     let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
-    let (hq, hkv, di, wi, sp) =
-        (i32_of(q_heads, "heads")?, i32_of(kv_heads, "kv heads")?, d as i32, i32_of(window, "window")?, i32_of(splits, "splits")?);
-    let (split, heads) =
-        if d <= 128 { (&b.k().attn_dec_split_seqs_h4, 4) } else { (&b.k().attn_dec_split_seqs_h1, 1) };
+    let (hq, hkv, di, wi, sp) = (
+        i32_of(q_heads, "heads")?,
+        i32_of(kv_heads, "kv heads")?,
+        d as i32,
+        i32_of(window, "window")?,
+        i32_of(splits, "splits")?,
+    );
+    let (split, heads) = if d <= 128 { (&b.k().attn_dec_split_seqs_h4, 4) } else { (&b.k().attn_dec_split_seqs_h1, 1) };
     let mut l = Overlapped::new(b, split);
     l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&kv.keys).arg(&kv.values).arg(&kv.starts);
     l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sp);

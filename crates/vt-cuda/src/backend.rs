@@ -10,8 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use half::bf16;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats,
-    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
+    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear,
+    MemoryStats, MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
 use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};

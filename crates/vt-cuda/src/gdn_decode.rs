@@ -69,8 +69,11 @@ pub(crate) fn step(
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_conv);
         l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&conv_states).arg(&ci).arg(&ki);
-        let cfg =
-            LaunchConfig { grid_dim: (channels.div_ceil(256) as u32, seqs, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (channels.div_ceil(256) as u32, seqs, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states,
         // int c, int k): a thread per channel, blockIdx.y the sequence (seqs <= SEQ_MAX, the array's
         // length); x holds the chunk's [seqs, c] bf16 rows, out as many f32, w [c, k] (dtype wdt),
@@ -81,8 +84,11 @@ pub(crate) fn step(
         let mut l = Overlapped::new(b, &b.k().gdn_dec_state);
         l.arg(&po).arg(&pc).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt);
         l.arg(&rec_states).arg(&khi).arg(&vhi);
-        let cfg =
-            LaunchConfig { grid_dim: (vh as u32, (D / COLS) as u32, seqs), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (vh as u32, (D / COLS) as u32, seqs),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const
         // void* a_log, int, const void* dt_bias, int, SeqPtrs states, int key_heads, int
         // value_heads): grid (vh, D / COLS, seqs) of 256 threads; qkv holds the chunk's seqs rows of

@@ -10,8 +10,8 @@
 #![cfg(feature = "cuda")]
 
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, NormKind, Nvfp4,
-    Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
+    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts,
+    NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
@@ -779,7 +779,10 @@ fn attention_decode_batched_sequences() {
                     let (qt, kt, vt) = rows(at, n);
                     let positions: Vec<usize> = lens.iter().map(|l| l + s).collect();
                     let mut seqs: Vec<_> = caches.iter_mut().collect();
-                    all.extend(out(b, &b.attention_decode(&qt, &kt, &vt, &rope, &positions, &mut seqs, &params).unwrap()));
+                    all.extend(out(
+                        b,
+                        &b.attention_decode(&qt, &kt, &vt, &rope, &positions, &mut seqs, &params).unwrap(),
+                    ));
                     at += n;
                 }
                 all

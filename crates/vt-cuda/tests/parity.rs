@@ -154,7 +154,12 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
             over.len()
         );
         if starts.len() < 2 || !within(&over, rows) {
-            failed.push(format!("{}: {} sequences, {} of {rows} rows over {tol}: {over:?}", name(&dir), starts.len(), over.len()));
+            failed.push(format!(
+                "{}: {} sequences, {} of {rows} rows over {tol}: {over:?}",
+                name(&dir),
+                starts.len(),
+                over.len()
+            ));
         }
     }
     assert!(failed.is_empty(), "{failed:?}");

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
-    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, Result, Router, Tensor,
+    AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, Result,
+    Router, Tensor,
 };
 
 use crate::loader::{DummyWeights, Loader};
