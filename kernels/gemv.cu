@@ -5,7 +5,8 @@
 //
 // - gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
 //   weights that share the input in one launch (a mixer's projections; a MoE block's router and
-//   shared-expert gate, as f32 logits).
+//   shared-expert gate, as f32 logits); gemv_bf16_mma*: the same for bf16 from 3 tokens, on
+//   tensor cores.
 // - moe_dec_route, moe_dec_gate_up_*, moe_dec_down_*: the rest of a MoE block for a few tokens,
 //   three launches after its logits: routing (a block per token); fused SwiGLU of every chosen
 //   expert and the shared expert; down projections + weighted combine.
@@ -174,13 +175,114 @@ struct GemvParts {
     int pad;
 };
 
-template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
-    grid_dep_trigger();
+// The part this block serves.
+__device__ __forceinline__ int part_of(const GemvParts& p) {
     int part = 0;
     for (int i = 1; i < p.parts; i++)
         if ((int)blockIdx.x >= p.first_block[i]) part = i;
+    return part;
+}
+
+template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
+    grid_dep_trigger();
+    int part = part_of(p);
     gemv<FP4, MAXT>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
 }
+
+// ---------------------------------------------------------------------------------------------
+// bf16 linear layers for 3..GEMV_MAX_T tokens (vt-cuda's MMA_MIN_T) on tensor cores. On CUDA
+// cores each 16-byte weight chunk costs 8 FMAs and a conversion of the chunk's inputs per token,
+// which made these layers issue-bound (H200, 8192 x 2048: 10.2 us for one token, 19.0 for four,
+// 31.3 for eight); an m16n8k16 MMA takes 16 rows x 16 inputs x all 8 token columns at once
+// (13.4 to 13.7 us for 2 to 8 tokens).
+//
+// A dot product does not depend on the order of its terms, so the MMA's k positions can map to
+// memory in any order both operands share. Lane (g = lane / 4, q = lane % 4) loads 16 bytes at
+// inputs 8q .. 8q + 7 of a 32-input chunk from weight rows g and g + 8 and from token g's input
+// (zeros past t); the chunk's first MMA takes each lane's inputs 8q .. 8q + 3, the second 8q + 4 ..
+// 8q + 7, which puts exactly the A and B fragment elements of the same k position together
+// (A: a0/a2 row g, a1/a3 row g + 8, k pairs {2q, 2q + 1} and {2q + 8, 2q + 9}; B: b0/b1 the same
+// k pairs of column g). C: c0/c1 row g, tokens 2q, 2q + 1; c2/c3 row g + 8.
+//
+// Block: GEMV_MMA_WARPS warps on M 16-row tiles, warp j taking every GEMV_MMA_WARPS-th 32-input
+// chunk from chunk j (so the block reads each row 1 KB a round; a warp per tile, reading its rows
+// 128 bytes a round, kept so many rows open that a lm_head took 1.5x as long); the warps' sums
+// are added in a fixed order. k % 32 == 0.
+#define GEMV_MMA_WARPS 8
+template <int M> __device__ void gemv_mma(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
+    constexpr int U = 4 / M;  // chunks a lane loads before it computes: 8 x 16 bytes in flight
+    constexpr int STEP = GEMV_MMA_WARPS * U;
+    __shared__ float part[GEMV_MMA_WARPS][M][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    int r0 = block * 16 * M;
+    const bf16* rows[M][2];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) rows[m][h] = (const bf16*)w.data + (long long)min(r0 + 16 * m + 8 * h + g, n - 1) * w.k + 8 * q;
+    const bf16* xrow = x + (long long)min(g, t - 1) * w.k + 8 * q;
+    float acc[M][4];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+    int nc = w.k / 32;
+    uint4 wv[U][M][2];
+    auto load_round = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    if (c0 + GEMV_MMA_WARPS * u < nc) wv[u][m][h] = ld_stream(rows[m][h] + (c0 + GEMV_MMA_WARPS * u) * 32);
+    };
+    // The first round of weights is in flight before the previous kernel (which writes x) ends.
+    load_round(warp);
+    grid_dep_wait();
+    for (int c0 = warp; c0 < nc; c0 += STEP) {
+        if (c0 != warp) load_round(c0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + GEMV_MMA_WARPS * u;
+            if (c >= nc) break;
+            uint4 xv = g < t ? *(const uint4*)(xrow + c * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const uint4 &lo = wv[u][m][0], &hi = wv[u][m][1];
+                unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+                mma_bf16(acc[m], a0, xv.x, xv.y);
+                mma_bf16(acc[m], a1, xv.z, xv.w);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < GEMV_MMA_WARPS; j++) sum += part[j][m][i][lane];
+            int row = r0 + 16 * m + g + 8 * (i >> 1), tok = 2 * q + (i & 1);
+            if (row < n && tok < t) store_y(y, f32_out, (long long)tok * ld + row, sum);
+        }
+}
+
+template <int M> __device__ void gemv_mma_parts(const GemvParts& p, const bf16* x, int t) {
+    grid_dep_trigger();
+    int part = part_of(p);
+    gemv_mma<M>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+}
+
+// One 16-row tile per block, or two (layers of many rows: each input chunk then serves 32 rows).
+extern "C" __global__ void gemv_bf16_mma1(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1>(p, x, t); }
+extern "C" __global__ void gemv_bf16_mma2(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2>(p, x, t); }
 
 // Up to GEMV_MAX_T tokens; the _t1 kernels take one token with a single accumulator per row: 60
 // registers a thread instead of 84 for bf16 (113 instead of 177 for NVFP4), so more blocks, and

@@ -199,8 +199,11 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
     for (name, n, k, fp4, t) in [
         ("lm_head", 248_320, H, false, 1),
         ("in_proj_qkv", 8192, H, false, 1),
+        ("in_proj_qkv", 8192, H, false, 4),
         ("in_proj_qkv", 8192, H, false, 8),
         ("out_proj", H, 4096, false, 1),
+        ("out_proj", H, 4096, false, 4),
+        ("lm_head", 248_320, H, false, 4),
         ("in_proj_qkv", 8192, H, true, 1),
         ("out_proj", H, 4096, true, 1),
     ] {

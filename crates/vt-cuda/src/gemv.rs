@@ -17,8 +17,8 @@ pub(crate) const MAX_T: usize = 8;
 pub(crate) const MAX_PARTS: usize = 4;
 /// Rows per warp (`GEMV_ROWS`); a block's 4 warps take 4 / ks row pairs, ks warps per pair.
 const ROWS_PER_GROUP: usize = 2;
-/// Blocks (of one warp per row pair) below which rows are split over 4 warps, and over 2: about
-/// 8 and 32 warps per SM of the H200's 132, what keeps enough loads in flight.
+/// Blocks (of one warp per row pair) below which the CUDA-core kernels split rows over 4 warps,
+/// and over 2: about 8 and 32 warps per SM of the H200's 132, what keeps enough loads in flight.
 const SPLIT_4_BELOW: usize = 1024;
 const SPLIT_2_BELOW: usize = 4096;
 
@@ -46,17 +46,53 @@ unsafe impl DeviceRepr for GemvParts {}
 /// (221 -> 233 µs).
 const T1_MAX_ROWS: usize = 1 << 16;
 
-/// Whether the GEMV kernels take `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole
-/// 32-code chunks) for `t` tokens in a launch of `rows` rows; if so, which kernel (one token has
-/// its own, lighter ones, below T1_MAX_ROWS rows).
-fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<&'a CudaFunction> {
+/// Tokens from which bf16 rows take the tensor-core kernels. H200, µs for 2 / 3 / 4 / 8 tokens
+/// (CUDA cores against tensor cores): [8192, 2048] 12.9 / 15.9 / 19.0 / 31.3 against 13.4 / 13.4 /
+/// 13.6 / 13.7; [2048, 4096] 9.1 / 11.1 / 12.9 / 20.7 against 11.6 / 11.7 / 12.0 / 12.4; a
+/// [248320, 2048] lm_head 234 / 269 / 311 / 496 against 254 / 256 / 258 / 267.
+const MMA_MIN_T: usize = 3;
+/// Warps of a tensor-core block (`GEMV_MMA_WARPS`), all on one tile group's rows: each row is
+/// then read 1 KB a round by the block. (A warp per group of 32 rows, each row read 128 bytes a
+/// round, left 90k rows of a lm_head open at once: 394 µs against 254.)
+const MMA_WARPS: usize = 8;
+/// Rows of a launch from which a tensor-core block takes two 16-row tiles (each input chunk it
+/// loads then serves 32 rows), still leaving 256 blocks.
+const MMA_TWO_TILES_ROWS: usize = 8192;
+
+/// A GEMV kernel and how it tiles a launch: groups of `ks` warps own `group_rows` rows, `warps`
+/// warps a block.
+struct Tiling<'a> {
+    f: &'a CudaFunction,
+    group_rows: usize,
+    warps: usize,
+    ks: usize,
+}
+
+/// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole 32-code
+/// chunks) for `t` tokens in a launch of `rows` rows, and its tiling; `None` where none does. One
+/// token has its own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens bf16 rows
+/// of whole 32-input chunks take the tensor-core kernels.
+fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
+    let cores = |f| {
+        let ks = match rows.div_ceil(ROWS_PER_GROUP * 4) {
+            b if b < SPLIT_4_BELOW => 4,
+            b if b < SPLIT_2_BELOW => 2,
+            _ => 1,
+        };
+        Some(Tiling { f, group_rows: ROWS_PER_GROUP, warps: 4, ks })
+    };
     match w {
         _ if t == 0 || t > MAX_T => None,
-        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
-            Some(if one { &b.k().gemv_bf16_t1 } else { &b.k().gemv_bf16 })
+        Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
+            let (f, tiles) =
+                if rows >= MMA_TWO_TILES_ROWS { (&b.k().gemv_bf16_mma2, 2) } else { (&b.k().gemv_bf16_mma1, 1) };
+            Some(Tiling { f, group_rows: 16 * tiles, warps: MMA_WARPS, ks: MMA_WARPS })
         }
-        Weight::Nvfp4(_) if k.is_multiple_of(32) => Some(if one { &b.k().gemv_nvfp4_t1 } else { &b.k().gemv_nvfp4 }),
+        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
+            cores(if one { &b.k().gemv_bf16_t1 } else { &b.k().gemv_bf16 })
+        }
+        Weight::Nvfp4(_) if k.is_multiple_of(32) => cores(if one { &b.k().gemv_nvfp4_t1 } else { &b.k().gemv_nvfp4 }),
         _ => None,
     }
 }
@@ -102,13 +138,15 @@ pub(crate) fn logits(
 fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)], out: Out) -> Result<bool> {
     let Some(((first, _), rest)) = parts.split_first() else { return Ok(false) };
     let rows = parts.iter().map(|(w, _)| w.dims().0).sum();
-    let Some(f) = kernel_for(b, first, t, rows) else { return Ok(false) };
+    let Some(tiling) = kernel_for(b, first, t, rows) else { return Ok(false) };
     let k = first.dims().1;
-    let same =
-        |w: &Weight<CudaBackend>| w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g, f));
+    let same = |w: &Weight<CudaBackend>| {
+        w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g.f, tiling.f))
+    };
     if parts.len() > MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
         return Ok(false);
     }
+    let Tiling { f, group_rows, warps, ks } = tiling;
     let mut p = GemvParts {
         w: [WeightDesc::of(first, "linear")?; MAX_PARTS],
         y: [0; MAX_PARTS],
@@ -116,18 +154,11 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         ld: [0; MAX_PARTS],
         first_block: [0; MAX_PARTS],
         parts: parts.len() as i32,
-        ks: 1,
+        ks: ks as i32,
         f32_out: matches!(out, Out::F32 { .. }) as i32,
         pad: 0,
     };
-    let pairs: usize = parts.iter().map(|(w, _)| w.dims().0.div_ceil(ROWS_PER_GROUP)).sum();
-    let ks = match pairs.div_ceil(4) {
-        b if b < SPLIT_4_BELOW => 4,
-        b if b < SPLIT_2_BELOW => 2,
-        _ => 1,
-    };
-    p.ks = ks as i32;
-    let rows_per_block = 4 / ks * ROWS_PER_GROUP;
+    let rows_per_block = warps / ks * group_rows;
     let mut blocks = 0;
     for (i, (w, y)) in parts.iter().enumerate() {
         let n = w.dims().0;
@@ -146,15 +177,17 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
         grid_dim: (u32::try_from(blocks).map_err(|_| crate::backend::err("linear: too many rows"))?, 1, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows
-    // per block, part i owning blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T (t = 1
-    // for _t1); every desc describes a live [n_i, k] weight of this kernel's format whose rows are
-    // whole 16-byte chunks (kernel_for); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]:
-    // bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The
-    // kernel reads only weights before grid_dep_wait.
+    // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks
+    // rows per block; gemv_bf16_mma{1,2}(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
+    // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T
+    // (t = 1 for _t1); every desc describes a live [n_i, k] weight of this kernel's format whose
+    // rows are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core
+    // kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs are
+    // [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads only
+    // weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
 }

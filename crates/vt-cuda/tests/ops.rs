@@ -545,10 +545,16 @@ fn linear_decode_gemv_few_tokens() {
     let mut r = Rng(0x6e3f);
     // Rows not a multiple of a block's rows, inputs of several 4-chunk batches and a tail; few
     // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair);
-    // lm_head-like rows, where one token takes the t <= 8 kernel.
-    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64)] {
-        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::nvfp4(&mut r, n, k)] {
-            for t in [1, 3, 8] {
+    // lm_head-like rows, where one token takes the t <= 8 kernel. From 3 tokens bf16 rows take the
+    // tensor-core kernels (one 16-row tile a block, two from 8192 rows), except rows of 520
+    // inputs (not whole 32-input chunks), which stay on the CUDA cores.
+    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64), (45, 520)] {
+        let mut weights = vec![HostWeight::bf16(&mut r, n, k)];
+        if k % 32 == 0 {
+            weights.push(HostWeight::nvfp4(&mut r, n, k)); // NVFP4 rows are whole 32-code chunks
+        }
+        for hw in weights {
+            for t in [1, 2, 3, 8] {
                 let x = r.vec(t * k, 2.0);
                 on_both!(gpu, &format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
                     let lin = Linear::new(b, hw.upload(b)).unwrap();
