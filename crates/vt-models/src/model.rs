@@ -40,6 +40,25 @@ struct DeltaNet<B: Backend> {
     out_proj: Linear<B>,
 }
 
+impl<B: Backend> DeltaNet<B> {
+    /// The single-token step of the sequences whose rows `qkv`, `a` and `b` hold.
+    fn step<'a>(&'a self, qkv: &'a Tensor<B>, a: &'a Tensor<B>, b: &'a Tensor<B>) -> GdnStep<'a, B> {
+        let s = &self.spec;
+        GdnStep {
+            qkv,
+            conv: &self.conv,
+            a,
+            b,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            key_heads: s.key_heads,
+            key_dim: s.key_dim,
+            value_heads: s.value_heads,
+            value_dim: s.value_dim,
+        }
+    }
+}
+
 enum Mixer<B: Backend> {
     Attention(Attention<B>),
     DeltaNet(DeltaNet<B>),
@@ -493,18 +512,7 @@ impl<B: Backend> Model<B> {
         // Single-token steps, of one sequence or many: the recurrent form, one call for all.
         // (As transformers: the recurrent form for single-token steps, the chunked form otherwise.)
         let o = if spans.iter().all(|sp| sp.len == 1) {
-            let step = GdnStep {
-                qkv: &qkv_in,
-                conv: &d.conv,
-                a: &a,
-                b: &beta_in,
-                a_log: &d.a_log,
-                dt_bias: &d.dt_bias,
-                key_heads: s.key_heads,
-                key_dim: s.key_dim,
-                value_heads: s.value_heads,
-                value_dim: s.value_dim,
-            };
+            let step = d.step(&qkv_in, &a, &beta_in);
             let mut gdn_states = states
                 .iter_mut()
                 .map(|st| match &mut **st {
@@ -543,20 +551,8 @@ impl<B: Backend> Model<B> {
             let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             if n == 1 {
                 let qkv = take_rows(b, &mut qkv_in, sp)?;
-                let step = GdnStep {
-                    qkv: &qkv,
-                    conv: &d.conv,
-                    a: &a,
-                    b: &beta_in,
-                    a_log: &d.a_log,
-                    dt_bias: &d.dt_bias,
-                    key_heads: s.key_heads,
-                    key_dim: s.key_dim,
-                    value_heads: s.value_heads,
-                    value_dim: s.value_dim,
-                };
                 return b
-                    .gated_delta_step(&step, &mut [GdnState { conv, recurrent }])?
+                    .gated_delta_step(&d.step(&qkv, &a, &beta_in), &mut [GdnState { conv, recurrent }])?
                     .reshape(&[1, s.value_heads * s.value_dim]);
             }
             let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &d.conv, conv)?;
