@@ -114,8 +114,10 @@ fn prefill_then_decode_matches_reference() {
 }
 
 /// Several sequences, prefilled alone to different lengths, then decoded together in batched
-/// steps (one token each: the batched GDN and attention decode kernels): each row of each step
-/// against the reference's logits at that sequence's position.
+/// steps (one token each: the batched GDN and attention decode kernels), one step also running a
+/// new sequence's 6-token prompt, listed first (a mixed step: the model runs the single tokens
+/// first, as one batch): each row of each step against the reference's logits at that sequence's
+/// position.
 #[test]
 fn batched_decode_of_sequences_at_different_positions_matches_reference() {
     let b = CudaBackend::new().unwrap();
@@ -136,16 +138,21 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
             })
             .collect();
         let (mut ours, mut want) = (Vec::new(), Vec::new());
+        let mut late = m.new_state().unwrap();
         for s in 0..steps {
             let mut batch: Vec<(&[u32], &mut _)> =
                 starts.iter().zip(states.iter_mut()).map(|(&p, st)| (&seq[p + s..p + s + 1], st)).collect();
+            if s == 1 {
+                batch.insert(0, (&seq[..6], &mut late));
+                want.extend_from_slice(r.row(5));
+            }
             ours.extend(b.to_f32(&m.forward_batch(&mut batch).unwrap()).unwrap());
             for &p in &starts {
                 want.extend_from_slice(r.row(p + s));
             }
         }
         let (worst, tol) = (max_abs_diff(&ours, &want), bound(&r));
-        let rows = starts.len() * steps;
+        let rows = starts.len() * steps + 1;
         let over = rows_over(&ours, &want, r.vocab, tol);
         println!(
             "fixture {}: {} sequences from positions {starts:?}, {steps} batched decode steps, max |dlogit| cuda-hf = {worst:.3e}; bound {tol:.3e} exceeded at {} rows {over:?}",

@@ -371,13 +371,20 @@ impl<B: Backend> Model<B> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
+        // Single-token sequences first (in the caller's order), then the prompt chunks: the layers
+        // run the leading single tokens as one batch. Logits come back in the caller's order.
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        if which == Logits::Last {
+            order.sort_by_key(|&i| seqs[i].0.len() > 1);
+        }
         let mut spans = Vec::with_capacity(seqs.len());
         let mut row = 0;
-        for (ids, state) in seqs.iter() {
+        for &i in &order {
+            let (ids, state) = &seqs[i];
             spans.push(Span { row, len: ids.len(), start: state.pos });
             row += ids.len();
         }
-        let all_ids: Vec<u32> = seqs.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+        let all_ids: Vec<u32> = order.iter().flat_map(|&i| seqs[i].0.iter().copied()).collect();
         let (eps, kind) = (self.spec.eps, self.spec.norm);
         let mut x = b.embedding(table, &all_ids)?;
         // `h` is always the norm of `x` that comes next: each residual update and the following
@@ -387,7 +394,12 @@ impl<B: Backend> Model<B> {
             None => b.rms_norm(&x, &self.norm, eps, kind)?,
         };
         for (li, layer) in self.layers.iter().enumerate() {
-            let mut states: Vec<&mut LayerState<B>> = seqs.iter_mut().map(|(_, s)| &mut s.layers[li]).collect();
+            let mut by_seq: Vec<Option<&mut LayerState<B>>> =
+                seqs.iter_mut().map(|(_, s)| s.layers.get_mut(li)).collect();
+            let mut states = order
+                .iter()
+                .map(|&i| by_seq[i].take().ok_or_else(|| Error::input("sequence state belongs to another model")))
+                .collect::<Result<Vec<_>>>()?;
             let mixed = match &layer.mixer {
                 Mixer::Attention(a) => self.attention(b, a, &h, &spans, &mut states)?,
                 Mixer::DeltaNet(d) => self.delta_net(b, d, &h, &spans, &mut states)?,
@@ -400,29 +412,20 @@ impl<B: Backend> Model<B> {
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
         }
-        for ((_, state), span) in seqs.iter_mut().zip(&spans) {
-            state.pos += span.len;
+        for (ids, state) in seqs.iter_mut() {
+            state.pos += ids.len();
         }
         // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
-        // (Where every sequence ran one token, its row is its last.)
+        // (Where every sequence ran one token, its row is its last, in the caller's order.)
         if which == Logits::Last && spans.iter().any(|s| s.len > 1) {
-            h = self.per_seq(b, &spans, |_, s| b.slice_rows(&h, s.row + s.len - 1, 1))?;
+            let mut at = vec![0; order.len()];
+            for (p, &i) in order.iter().enumerate() {
+                at[i] = p;
+            }
+            let last = at.iter().map(|&p| b.slice_rows(&h, spans[p].row + spans[p].len - 1, 1));
+            h = stack(b, last.collect::<Result<Vec<_>>>()?)?;
         }
         b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
-    }
-
-    /// Runs `f` for each sequence and stacks its results (`[rows, width]`) in order.
-    fn per_seq(
-        &self,
-        b: &B,
-        spans: &[Span],
-        mut f: impl FnMut(usize, &Span) -> Result<Tensor<B>>,
-    ) -> Result<Tensor<B>> {
-        let mut parts = spans.iter().enumerate().map(|(i, s)| f(i, s)).collect::<Result<Vec<_>>>()?;
-        match parts.len() {
-            1 => Ok(parts.pop().expect("one part")),
-            _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
-        }
     }
 
     fn attention(
@@ -455,27 +458,44 @@ impl<B: Backend> Model<B> {
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &a.q_norm, self.spec.eps, s.qk_norm)?;
         let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &a.k_norm, self.spec.eps, s.qk_norm)?;
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
-        // Many sequences' single-token steps: one batched call. One sequence keeps the per-sequence
-        // ops, which a recorded step records.
-        if spans.len() > 1 && spans.iter().all(|sp| sp.len == 1) {
+        // Many sequences' single-token steps (run_on puts them first): one batched call. One
+        // sequence keeps the per-sequence ops, which a recorded step records.
+        let decodes = batched_decodes(spans);
+        if decodes == spans.len() {
             let positions: Vec<usize> = spans.iter().map(|sp| sp.start).collect();
             let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
             let o = b.attention_decode(&q, &k, &v, &s.rope, &positions, &mut kv_caches(states)?, &params)?;
             return self.attention_out(b, a, o.reshape(&[t, width])?, gate, g_proj);
         }
+        let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
+        let (decoding, prompts) = states.split_at_mut(decodes);
+        if decodes > 0 {
+            // Their rows lead each tensor (q and k are [t, heads, d], v [t, kv_heads * d]).
+            let lead = |x: &Tensor<B>, rows: usize, heads: usize| {
+                b.slice_rows(x, 0, rows)?.reshape(&[decodes, heads, s.head_dim])
+            };
+            let (qd, kd, vd) = (
+                lead(&q, decodes * s.q_heads, s.q_heads)?,
+                lead(&k, decodes * s.kv_heads, s.kv_heads)?,
+                lead(&v, decodes, s.kv_heads)?,
+            );
+            let positions: Vec<usize> = spans[..decodes].iter().map(|sp| sp.start).collect();
+            let o = b.attention_decode(&qd, &kd, &vd, &s.rope, &positions, &mut kv_caches(decoding)?, &params)?;
+            parts.push(o.reshape(&[decodes, width])?);
+        }
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
-        let o = self.per_seq(b, spans, |i, sp| {
-            let LayerState::Attention(cache) = &mut *states[i] else {
+        for (sp, state) in spans[decodes..].iter().zip(prompts.iter_mut()) {
+            let LayerState::Attention(cache) = &mut **state else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
             let rows =
                 |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
             let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
-            b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])
-        })?;
-        self.attention_out(b, a, o, gate, g_proj)
+            parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])?);
+        }
+        self.attention_out(b, a, stack(b, parts)?, gate, g_proj)
     }
 
     /// The attention output `o` `[t, q_heads * head_dim]` gated as the model gates it, projected.
@@ -509,20 +529,23 @@ impl<B: Backend> Model<B> {
             .linear_many(x, &[&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_a, &d.in_proj_b])?
             .try_into()
             .map_err(|_| Error::input("linear_many returned too few outputs"))?;
-        // Single-token steps, of one sequence or many: the recurrent form, one call for all.
-        // (As transformers: the recurrent form for single-token steps, the chunked form otherwise.)
-        let o = if spans.iter().all(|sp| sp.len == 1) {
-            let step = d.step(&qkv_in, &a, &beta_in);
-            let mut gdn_states = states
-                .iter_mut()
-                .map(|st| match &mut **st {
-                    LayerState::DeltaNet { conv, recurrent } => Ok(GdnState { conv, recurrent }),
-                    LayerState::Attention(_) => Err(Error::input("sequence state belongs to another model")),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            b.gated_delta_step(&step, &mut gdn_states)?
+        // Single-token steps (run_on puts them first), of one sequence or many: the recurrent
+        // form, one call for all; prompt chunks a sequence at a time, in the chunked form. (As
+        // transformers: the recurrent form for single-token steps, the chunked form otherwise.)
+        let decodes = if spans.iter().all(|sp| sp.len == 1) { spans.len() } else { batched_decodes(spans) };
+        let o = if decodes == spans.len() {
+            b.gated_delta_step(&d.step(&qkv_in, &a, &beta_in), &mut gdn_states(states)?)?
         } else {
-            self.delta_net_chunks(b, d, [qkv_in, a, beta_in], spans, states)?
+            let (decoding, prompts) = states.split_at_mut(decodes);
+            let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
+            if decodes > 0 {
+                let lead = |x: &Tensor<B>| b.slice_rows(x, 0, decodes);
+                let (qkv, a, beta) = (lead(&qkv_in)?, lead(&a)?, lead(&beta_in)?);
+                let o = b.gated_delta_step(&d.step(&qkv, &a, &beta), &mut gdn_states(decoding)?)?;
+                parts.push(o.reshape(&[decodes, s.value_heads * s.value_dim])?);
+            }
+            parts.extend(self.delta_net_chunks(b, d, [qkv_in, a, beta_in], &spans[decodes..], prompts)?);
+            stack(b, parts)?
         };
         let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
         let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
@@ -530,8 +553,9 @@ impl<B: Backend> Model<B> {
         b.linear(&o, &d.out_proj)
     }
 
-    /// The delta rule of a step with prompt chunks, a sequence at a time in the chunked form (a
-    /// single token in the recurrent form) -> `[t, value_heads * value_dim]`.
+    /// The delta rule of `spans` (rows of the step's tensors), a sequence at a time: in the chunked
+    /// form (a single token in the recurrent form) -> each sequence's `[len, value_heads *
+    /// value_dim]`.
     fn delta_net_chunks(
         &self,
         b: &B,
@@ -539,21 +563,22 @@ impl<B: Backend> Model<B> {
         [qkv_in, a, beta_in]: [Tensor<B>; 3],
         spans: &[Span],
         states: &mut [&mut LayerState<B>],
-    ) -> Result<Tensor<B>> {
+    ) -> Result<Vec<Tensor<B>>> {
         let s = &d.spec;
         let key_total = s.key_heads * s.key_dim;
         let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
-        self.per_seq(b, spans, |i, sp| {
-            let LayerState::DeltaNet { conv, recurrent } = &mut *states[i] else {
+        let mut parts = Vec::with_capacity(spans.len());
+        for (sp, state) in spans.iter().zip(states.iter_mut()) {
+            let LayerState::DeltaNet { conv, recurrent } = &mut **state else {
                 return Err(Error::input("sequence state belongs to another model"));
             };
             let n = sp.len;
             let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             if n == 1 {
                 let qkv = take_rows(b, &mut qkv_in, sp)?;
-                return b
-                    .gated_delta_step(&d.step(&qkv, &a, &beta_in), &mut [GdnState { conv, recurrent }])?
-                    .reshape(&[1, s.value_heads * s.value_dim]);
+                let o = b.gated_delta_step(&d.step(&qkv, &a, &beta_in), &mut [GdnState { conv, recurrent }])?;
+                parts.push(o.reshape(&[1, s.value_heads * s.value_dim])?);
+                continue;
             }
             let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &d.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
@@ -564,8 +589,11 @@ impl<B: Backend> Model<B> {
                 s.value_dim,
             ])?;
             let inputs = GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &d.a_log, dt_bias: &d.dt_bias };
-            b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])
-        })
+            parts.push(
+                b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])?,
+            );
+        }
+        Ok(parts)
     }
 
     fn mlp(&self, b: &B, m: &Mlp<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
@@ -582,6 +610,34 @@ impl<B: Backend> Model<B> {
         });
         b.moe_block(x, &m.router, &m.experts, shared.as_ref())
     }
+}
+
+/// How many of a step's leading sequences run one token each, where they are at least two (one
+/// batched call); 0 otherwise.
+fn batched_decodes(spans: &[Span]) -> usize {
+    match spans.iter().take_while(|sp| sp.len == 1).count() {
+        n if n >= 2 => n,
+        _ => 0,
+    }
+}
+
+/// `parts` (`[rows_i, width]`) stacked by rows (the one part itself, uncopied).
+fn stack<B: Backend>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
+    match parts.len() {
+        1 => parts.pop().ok_or_else(|| Error::input("no rows to stack")),
+        _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
+    }
+}
+
+/// The Gated DeltaNet states of one layer's `states`, a sequence each.
+fn gdn_states<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<GdnState<'s, B>>> {
+    states
+        .iter_mut()
+        .map(|st| match &mut **st {
+            LayerState::DeltaNet { conv, recurrent } => Ok(GdnState { conv, recurrent }),
+            LayerState::Attention(_) => Err(Error::input("sequence state belongs to another model")),
+        })
+        .collect()
 }
 
 /// The KV caches of one attention layer's `states`, a sequence each.

@@ -85,3 +85,37 @@ fn split_prefill_matches_single_prefill() {
         }
     }
 }
+
+/// A step that mixes prompt chunks and single tokens, in any order (the model runs the single
+/// tokens first, as one batch): each sequence's logits row against the reference at its position.
+#[test]
+fn mixed_batch_of_prompt_chunks_and_single_tokens_matches_reference() {
+    let b = CpuBackend::new();
+    for dir in all_fixtures() {
+        let r = Reference::load(&dir);
+        let m = Model::load(&b, &dir).unwrap();
+        let seq = r.sequence();
+        // (tokens already run, tokens this step): chunks and single tokens interleaved.
+        let plan = [(4, 5), (7, 1), (2, 1), (0, 3), (9, 1), (5, 4)];
+        let mut states: Vec<_> = plan
+            .iter()
+            .map(|&(done, _)| {
+                let mut st = m.new_state().unwrap();
+                if done > 0 {
+                    m.forward(&seq[..done], &mut st, Logits::Last).unwrap();
+                }
+                st
+            })
+            .collect();
+        let mut batch: Vec<(&[u32], &mut _)> =
+            plan.iter().zip(states.iter_mut()).map(|(&(done, n), st)| (&seq[done..done + n], st)).collect();
+        let ours = b.to_f32(&m.forward_batch(&mut batch).unwrap()).unwrap();
+        for (i, (row, &(done, n))) in ours.chunks(r.vocab).zip(&plan).enumerate() {
+            let d = max_abs_diff(row, r.row(done + n - 1));
+            assert!(d <= LOGIT_TOL, "{} sequence {i} at {}: max |dlogit| {d}", name(&dir), done + n - 1);
+        }
+        for (st, &(done, n)) in states.iter().zip(&plan) {
+            assert_eq!(st.len(), done + n);
+        }
+    }
+}
