@@ -472,7 +472,7 @@ pub fn gated_delta_step_composed<B: Backend>(
             b.gated_delta_rule(&inputs, st.recurrent, GdnMode::Recurrent)
         })
         .collect::<Result<Vec<_>>>()?;
-    concat(b, parts)
+    stack_rows(b, parts)
 }
 
 /// `Backend::attention_decode` from `rope` and `attention`, a sequence at a time (the default,
@@ -510,13 +510,13 @@ pub fn attention_decode_composed<B: Backend>(
             b.attention(&qi, &ki, vi.as_ref().unwrap_or(v), cache, params)
         })
         .collect::<Result<Vec<_>>>()?;
-    concat(b, parts)
+    stack_rows(b, parts)
 }
 
-/// `parts` stacked by rows (the one part itself, uncopied).
-fn concat<B: Backend>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
+/// `parts` (`[rows_i, width]`) stacked by rows: the one part itself, uncopied, or `concat_rows`.
+pub fn stack_rows<B: Backend>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
     match parts.len() {
-        1 => Ok(parts.pop().expect("one part")),
+        1 => parts.pop().ok_or_else(|| crate::Error::input("no rows to stack")),
         _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
     }
 }

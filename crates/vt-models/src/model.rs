@@ -5,6 +5,7 @@ mod decode_graph;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use vt_core::backend::stack_rows;
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{
     AttentionParams, Backend, Error, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, Result,
@@ -423,7 +424,7 @@ impl<B: Backend> Model<B> {
                 at[i] = p;
             }
             let last = at.iter().map(|&p| b.slice_rows(&h, spans[p].row + spans[p].len - 1, 1));
-            h = stack(b, last.collect::<Result<Vec<_>>>()?)?;
+            h = stack_rows(b, last.collect::<Result<Vec<_>>>()?)?;
         }
         b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
     }
@@ -495,7 +496,7 @@ impl<B: Backend> Model<B> {
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
             parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])?);
         }
-        self.attention_out(b, a, stack(b, parts)?, gate, g_proj)
+        self.attention_out(b, a, stack_rows(b, parts)?, gate, g_proj)
     }
 
     /// The attention output `o` `[t, q_heads * head_dim]` gated as the model gates it, projected.
@@ -545,7 +546,7 @@ impl<B: Backend> Model<B> {
                 parts.push(o.reshape(&[decodes, s.value_heads * s.value_dim])?);
             }
             parts.extend(self.delta_net_chunks(b, d, [qkv_in, a, beta_in], &spans[decodes..], prompts)?);
-            stack(b, parts)?
+            stack_rows(b, parts)?
         };
         let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
         let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
@@ -618,14 +619,6 @@ fn batched_decodes(spans: &[Span]) -> usize {
     match spans.iter().take_while(|sp| sp.len == 1).count() {
         n if n >= 2 => n,
         _ => 0,
-    }
-}
-
-/// `parts` (`[rows_i, width]`) stacked by rows (the one part itself, uncopied).
-fn stack<B: Backend>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
-    match parts.len() {
-        1 => parts.pop().ok_or_else(|| Error::input("no rows to stack")),
-        _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
     }
 }
 
