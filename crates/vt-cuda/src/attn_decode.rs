@@ -48,7 +48,7 @@ pub(crate) fn launch(
     scale: f32,
     recorded: Option<Recorded>,
 ) -> Result<()> {
-    let visible = if window > 0 { (start + 1).min(window) } else { start + 1 };
+    let visible = visible(start, window);
     // A recording covers every position the cache can hold; the splits past the step's visible
     // ones write empty partials.
     let splits = recorded.as_ref().map_or(visible, |r| r.rows.max(visible)).div_ceil(SPLIT);
@@ -112,15 +112,7 @@ pub(crate) fn launch_seqs(
     scale: f32,
 ) -> Result<()> {
     let seqs = kv.len;
-    let visible = |start: i32| {
-        let seen = start as usize + 1;
-        if window > 0 {
-            seen.min(window)
-        } else {
-            seen
-        }
-    };
-    let splits = kv.starts[..seqs].iter().map(|&s| visible(s)).max().unwrap_or(1).div_ceil(SPLIT);
+    let splits = kv.starts[..seqs].iter().map(|&s| visible(s as usize, window)).max().unwrap_or(1).div_ceil(SPLIT);
     let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
     let (hq, hkv, di, wi, sp) = (
@@ -160,6 +152,15 @@ pub(crate) struct SeqCaches {
     pub starts: [i32; SEQ_MAX],
     /// Sequences filled in.
     pub len: usize,
+}
+
+/// Positions a query at `start` sees: all up to its own, or the last `window` (0: none).
+fn visible(start: usize, window: usize) -> usize {
+    if window > 0 {
+        (start + 1).min(window)
+    } else {
+        start + 1
+    }
 }
 
 /// Merges `heads` heads' `splits` partials at `part` into `out`.
