@@ -46,6 +46,18 @@ fn within(over: &[(usize, f32)], rows: usize) -> bool {
     over.len() <= rows / 2
 }
 
+/// `over` (rows over the bound, as `rows_over` gives them) as the positions of those rows
+/// (`positions[row]`), each once with its worst |Δ|: a position several rows compute (by
+/// different paths) is one position of the median rule, over if any of its rows is.
+fn positions_over(over: &[(usize, f32)], positions: &[usize]) -> Vec<(usize, f32)> {
+    let mut worst = std::collections::BTreeMap::new();
+    for &(row, d) in over {
+        let w = worst.entry(positions[row]).or_insert(d);
+        *w = w.max(d);
+    }
+    worst.into_iter().collect()
+}
+
 fn name(dir: &Path) -> String {
     dir.file_name().unwrap().to_string_lossy().into_owned()
 }
@@ -117,7 +129,10 @@ fn prefill_then_decode_matches_reference() {
 /// steps (one token each: the batched GDN and attention decode kernels), one step also running a
 /// new sequence's 6-token prompt, listed first (a mixed step: the model runs the single tokens
 /// first, as one batch): each row of each step against the reference's logits at that sequence's
-/// position.
+/// position. Sequences overlap in position (the prompt's last row and two decode rows are all
+/// position 5), so the median rule counts positions: a position computed twice is not twice the
+/// evidence, whichever side of the bound it falls (qwen35moe_nested, over the bound at about half
+/// its positions in bf16, would otherwise pass or fail on which positions happen to repeat).
 #[test]
 fn batched_decode_of_sequences_at_different_positions_matches_reference() {
     let b = CudaBackend::new().unwrap();
@@ -137,7 +152,7 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
                 st
             })
             .collect();
-        let (mut ours, mut want) = (Vec::new(), Vec::new());
+        let (mut ours, mut want, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         let mut late = m.new_state().unwrap();
         for s in 0..steps {
             let mut batch: Vec<(&[u32], &mut _)> =
@@ -145,27 +160,32 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
             if s == 1 {
                 batch.insert(0, (&seq[..6], &mut late));
                 want.extend_from_slice(r.row(5));
+                positions.push(5);
             }
             ours.extend(b.to_f32(&m.forward_batch(&mut batch).unwrap()).unwrap());
             for &p in &starts {
                 want.extend_from_slice(r.row(p + s));
+                positions.push(p + s);
             }
         }
         let (worst, tol) = (max_abs_diff(&ours, &want), bound(&r));
-        let rows = starts.len() * steps + 1;
         let over = rows_over(&ours, &want, r.vocab, tol);
+        let over_at = positions_over(&over, &positions);
+        let covered = positions.iter().collect::<std::collections::BTreeSet<_>>().len();
         println!(
-            "fixture {}: {} sequences from positions {starts:?}, {steps} batched decode steps, max |dlogit| cuda-hf = {worst:.3e}; bound {tol:.3e} exceeded at {} rows {over:?}",
+            "fixture {}: {} sequences from positions {starts:?}, {steps} batched decode steps, max |dlogit| cuda-hf = {worst:.3e}; bound {tol:.3e} exceeded at {} of {} rows {over:?}, {} of {covered} positions {over_at:?}",
             name(&dir),
             starts.len(),
-            over.len()
+            over.len(),
+            positions.len(),
+            over_at.len()
         );
-        if starts.len() < 2 || !within(&over, rows) {
+        if starts.len() < 2 || !within(&over_at, covered) {
             failed.push(format!(
-                "{}: {} sequences, {} of {rows} rows over {tol}: {over:?}",
+                "{}: {} sequences, {} of {covered} positions over {tol}: {over_at:?}",
                 name(&dir),
                 starts.len(),
-                over.len()
+                over_at.len()
             ));
         }
     }
