@@ -406,10 +406,11 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
 }
 
 // Chunks of each row a gate/up lane has in flight before it computes, both rows of its unit at
-// once. At Qwen3.5's hidden 2048: two rounds for bf16, which leaves registers for more resident
-// warps (62 a thread against 90 for one round of 8: 29.5 against 30.3 µs a bf16 MoE layer, H200),
-// and one round for NVFP4 (a row is 64 chunks).
-#define MOE_CHUNKS_BF16 4
+// once. At Qwen3.5's hidden 2048: four rounds of 2 for bf16, whose 48 registers a thread let all
+// 1152 blocks of the 8 + 1 slots be resident at once (10 a SM; rounds of 4 took 62 registers, 8
+// blocks a SM: 27.5 against 26.6 µs a bf16 MoE layer, H200, same call), and one round for NVFP4
+// (a row is 64 chunks).
+#define MOE_CHUNKS_BF16 2
 #define MOE_CHUNKS_NVFP4 2
 
 // Dots of row `row` of the ROWS weights w[] with x's chunks [0, k / ELEMS) (f32 or bf16), by one
