@@ -33,12 +33,14 @@ __device__ Choice route_warp(const float* logits, const RouteArgs& ra) {
     constexpr int PER = ROUTE_MAX_EXP / 32;
     const float neg_inf = __int_as_float(0xff800000);
     const int none = 0x7fffffff;
-    int lane = threadIdx.x & 31, n = ra.n_exp;
+    // Registers of experts past n_exp are skipped (per: those a lane holds), which halves each
+    // round's scan at 256 experts.
+    int lane = threadIdx.x & 31, n = ra.n_exp, per = (n + 31) >> 5;
     auto sigmoid_score = [&](float l) { return sigmoidf(ra.softcap > 0.0f ? ra.softcap * tanhf(l / ra.softcap) : l); };
     float choice[PER];
     unsigned taken = 0;  // bit i: expert lane + 32 i chosen, or past n
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
+    for (int i = 0; i < PER && i < per; i++) {
         int e = lane + 32 * i;
         choice[i] = e < n ? __ldcg(logits + e) : neg_inf;
         if (e >= n) taken |= 1u << i;
@@ -46,25 +48,25 @@ __device__ Choice route_warp(const float* logits, const RouteArgs& ra) {
     if (ra.kind == 0) {
         float mx = neg_inf, sum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < PER; i++) mx = fmaxf(mx, choice[i]);
+        for (int i = 0; i < PER && i < per; i++) mx = fmaxf(mx, choice[i]);
         mx = warp_max(mx);
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
+        for (int i = 0; i < PER && i < per; i++) {
             choice[i] = taken >> i & 1u ? 0.0f : expf(choice[i] - mx);
             sum += choice[i];
         }
         sum = warp_sum(sum);
 #pragma unroll
-        for (int i = 0; i < PER; i++) choice[i] = choice[i] / sum;
+        for (int i = 0; i < PER && i < per; i++) choice[i] = choice[i] / sum;
     } else {
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
+        for (int i = 0; i < PER && i < per; i++) {
             int e = lane + 32 * i;
             if (e < n) choice[i] = sigmoid_score(choice[i]) + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
         }
     }
 #pragma unroll
-    for (int i = 0; i < PER; i++)
+    for (int i = 0; i < PER && i < per; i++)
         if (isnan(choice[i])) choice[i] = neg_inf;  // below every number, above nothing: by index
     Choice mine = {-1, 0.0f};
     float norm = 0.0f;
@@ -72,7 +74,7 @@ __device__ Choice route_warp(const float* logits, const RouteArgs& ra) {
         float bv = neg_inf;
         int bi = none;
 #pragma unroll
-        for (int i = 0; i < PER; i++)
+        for (int i = 0; i < PER && i < per; i++)
             if (!(taken >> i & 1u) && (bi == none || choice[i] > bv)) { bv = choice[i]; bi = lane + 32 * i; }
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
