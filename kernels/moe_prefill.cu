@@ -291,18 +291,22 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_gate_up(bf16* 
                        [&](int pos, int col, float gate, float up) { act[(long long)pos * inter + col / 2] = f2bf(silu(gate) * up); });
 }
 
-// y[pos, :] = down(act[pos]) in f32. Grid: (ceil(hidden / MP_BN), max tiles), as above.
-extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
+// y[pos, :] = down(act[pos]), rounded to bf16 (as a bf16 model's expert outputs are: half the
+// bytes of f32 for this kernel to write and the combine to read, at one more rounding of each
+// term, u/2 of its size). Grid: (ceil(hidden / MP_BN), max tiles), as above. hidden % 8 == 0: a
+// pair's column is even and both fit.
+extern "C" __global__ void __launch_bounds__(MP_THREADS) moe_gemm_down(bf16* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
                                          const int* counts, const int* offsets, int inter, int hidden) {
     grouped_gemm<false>(act, nullptr, table, tiles, n_tiles, counts, offsets, hidden, inter, [&](int pos, int col, float v0, float v1) {
-        *(float2*)(y + (long long)pos * hidden + col) = make_float2(v0, v1);
+        *(unsigned*)(y + (long long)pos * hidden + col) = pack_bf16(v0, v1);
     });
 }
 
 // out[tok] = sum over its choices, in ascending expert order, of weight * y[slot_pos]. One block
-// per token, 4 features per thread (hidden % 4 == 0). A token's experts are distinct, so choice
-// i's place in that order is the number of its experts below expert i.
-extern "C" __global__ void moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int* ids, const float* weights, int top_k, int hidden) {
+// per token, 4 features per thread (hidden % 4 == 0: 8-byte loads of y's bf16 rows). A token's
+// experts are distinct, so choice i's place in that order is the number of its experts below
+// expert i.
+extern "C" __global__ void moe_prefill_combine(bf16* out, const bf16* y, const int* slot_pos, const int* ids, const float* weights, int top_k, int hidden) {
     __shared__ long long row[32];  // y offset of each choice, in ascending expert order
     __shared__ float wt[32];
     long long tok = blockIdx.x;
@@ -318,11 +322,14 @@ extern "C" __global__ void moe_prefill_combine(bf16* out, const float* y, const 
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
         for (int n = 0; n < top_k; n++) {
-            float4 v = *(const float4*)(y + row[n] + c);
-            acc.x += wt[n] * v.x;
-            acc.y += wt[n] * v.y;
-            acc.z += wt[n] * v.z;
-            acc.w += wt[n] * v.w;
+            uint2 v = *(const uint2*)(y + row[n] + c);
+            float v0, v1, v2, v3;
+            bf16x2(v.x, v0, v1);
+            bf16x2(v.y, v2, v3);
+            acc.x += wt[n] * v0;
+            acc.y += wt[n] * v1;
+            acc.z += wt[n] * v2;
+            acc.w += wt[n] * v3;
         }
         *(uint2*)(out + tok * hidden + c) = make_uint2(pack_bf16(acc.x, acc.y), pack_bf16(acc.z, acc.w));
     }

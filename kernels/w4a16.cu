@@ -248,16 +248,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) moe_w4_gate_up(bf16* act, c
     });
 }
 
-// y[pos, :] = down(act[pos]) in f32. Grid (ceil(hidden / W4_BN), max tiles), as above.
-extern "C" __global__ void __launch_bounds__(256, 2) moe_w4_down(float* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
+// y[pos, :] = down(act[pos]), rounded to bf16 as moe_gemm_down's (moe_prefill.cu). Grid
+// (ceil(hidden / W4_BN), max tiles), as above.
+extern "C" __global__ void __launch_bounds__(256, 2) moe_w4_down(bf16* y, const bf16* act, const WeightDesc* table, const int* tiles, const int* n_tiles,
                                                                  const int* counts, const int* offsets, int inter, int hidden) {
     int e, row0, rows;
     if (!w4_moe_tile(tiles, n_tiles, counts, offsets, e, row0, rows)) return;
     WeightDesc w = table[2 * e + 1];
     const unsigned char* wt = (const unsigned char*)w.data + (long long)blockIdx.x * ((inter + W4_BK - 1) / W4_BK) * W4_TILE_BYTES;
     w4a16_tile<W4_MOE_MI>(act + (long long)row0 * inter, [](int r) { return r; }, rows, wt, blockIdx.x * W4_BN, hidden, inter, [&](int r, int col, float v0, float v1) {
-        float* o = y + (long long)(row0 + r) * hidden + col;
-        o[0] = v0 * w.global[0];
-        if (col + 1 < hidden) o[1] = v1 * w.global[0];
+        bf16* o = y + (long long)(row0 + r) * hidden + col;
+        o[0] = f2bf(v0 * w.global[0]);
+        if (col + 1 < hidden) o[1] = f2bf(v1 * w.global[0]);
     });
 }

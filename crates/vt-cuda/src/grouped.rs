@@ -99,7 +99,7 @@ pub(crate) fn moe(
     let (offsets, tiles, n_tiles) = (b.buffer(n_exp * 4)?, b.buffer(max_tiles * 8)?, b.buffer(4)?);
     let (sorted_tok, slot_pos) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
     let act_buf = b.buffer(slots * inter * 2)?;
-    let y = b.buffer(slots * h * 4)?;
+    let y = b.buffer(slots * h * 2)?;
     let out = b.empty(DType::BF16, x.shape())?;
     let (pids, pw, pcnt, pfill) = (ids.ptr(), weights.ptr(), counts.ptr(), counts.ptr() + (n_exp * 4) as u64);
     let (plog, poff, ptiles, pnt, psort, ppos, pact, py, pout) = (
@@ -166,18 +166,18 @@ pub(crate) fn moe(
     launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe gate/up GEMM")?;
     let mut l = b.stream().launch_builder(down);
     l.arg(&py).arg(&pact).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
-    // SAFETY: moe_gemm_down / moe_w4_down(float* y, const bf16* act, const WeightDesc* table, the
+    // SAFETY: moe_gemm_down / moe_w4_down(bf16* y, const bf16* act, const WeightDesc* table, the
     // same four tile arrays, int inter, int hidden): each expert's down is [h, inter] in the
-    // format of the table as above; y is [slots, h] f32, rows as above.
+    // format of the table as above; y is [slots, h] bf16, rows as above.
     launched(unsafe { l.launch(gemm_cfg(h)) }, "moe down GEMM")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_combine);
     l.arg(&pout).arg(&py).arg(&ppos).arg(&pids).arg(&pw).arg(&tk).arg(&hi);
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: moe_prefill_combine(bf16* out, const float* y, const int* slot_pos, const int*
+    // SAFETY: moe_prefill_combine(bf16* out, const bf16* y, const int* slot_pos, const int*
     // ids, const float* weights, int top_k, int hidden): one block of 256 threads per token,
-    // top_k <= 32 (MAX_TOP_K), hidden % 4 == 0 (its 8-byte stores into out, a fresh allocation,
-    // stay aligned); every slot_pos < slots rows of y.
+    // top_k <= 32 (MAX_TOP_K), hidden % 4 == 0 (its 8-byte loads of y and stores into out, fresh
+    // allocations, stay aligned); every slot_pos < slots rows of y.
     launched(unsafe { l.launch(cfg) }, "moe_prefill_combine")?;
     Ok(out)
 }

@@ -401,9 +401,10 @@ fn moe_grouped_prefill() {
             let bias = r.vec(n_exp, 0.1);
             let experts = host_experts(&mut r, format, n_exp, h, inter);
             for kind in &kinds {
-                // 2u: the SwiGLU activations are rounded to bf16 for the down GEMM. NVFP4 weights
-                // enter the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis holds for
-                // both.
+                // 2u: three bf16 roundings of u/2 on the way, of the SwiGLU activations for the
+                // down GEMM, of each expert's output before the weighted sum, and of the sum. NVFP4
+                // weights enter the tensor cores exactly (kernels/w4a16.cu), so the bf16 analysis
+                // holds for both.
                 on_both!(gpu, &format!("moe grouped prefill {format} {n_exp} experts {kind:?}"), 2.0 * U, |b| {
                     let moe = upload_experts(b, &experts, h, inter);
                     let router = router(b, &router_w, kind, &bias);
