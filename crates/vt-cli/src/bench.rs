@@ -169,6 +169,8 @@ where
         // Each batch size runs once untimed first: the first run of a shape pays one-off costs
         // that a served model pays once (the weights' derived state, the first use of each kernel
         // and GEMM shape: on the H200 a 32-token prefill took 185 ms the first time, 19 the next).
+        // The timed run's sequences take the states the first run's finished sequences left, as
+        // a server's later requests do, with their recorded decode steps.
         let _ = generate(&mut engine, n, shape)?;
         let Timed { ttft, decode, steps, generated } = generate(&mut engine, n, shape)?;
         let tpot = decode / steps.len().max(1) as f64;

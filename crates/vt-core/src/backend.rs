@@ -207,6 +207,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>>;
     /// Zeros in `activation_dtype` (convolution state).
     fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>>;
+    /// Sets every element of `t` to zero where it is (a sequence state emptied for reuse keeps
+    /// its storage, and so what was recorded over it).
+    fn zero(&self, t: &mut Tensor<Self>) -> Result<()>;
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
     /// `argmax` of each row of `x` (greedy decoding's token per row). A backend may pick on the
     /// device and read back only the indices; the default reads the rows back.
@@ -253,6 +256,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>>;
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<Self::KvCache>;
+    /// Empties `cache` (no positions), as `new_kv_cache` made it except that it may keep its
+    /// storage (a recorded step over it then stays valid).
+    fn kv_clear(&self, cache: &mut Self::KvCache) -> Result<()>;
     /// Appends `k`, `v` `[t, kv_heads, head_dim]` to `cache`, then causal (optionally windowed)
     /// GQA attention of `q` `[t, q_heads, head_dim]` over everything cached -> `[t, q_heads, head_dim]`.
     fn attention(

@@ -137,6 +137,11 @@ impl Backend for CpuBackend {
         self.zeros_f32(shape)
     }
 
+    fn zero(&self, t: &mut Tensor<Self>) -> Result<()> {
+        t.buffer_mut().bytes_mut().fill(0);
+        Ok(())
+    }
+
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         small_f32(t, "to_f32")
     }
@@ -252,6 +257,11 @@ impl Backend for CpuBackend {
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
         check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
         Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
+    }
+
+    fn kv_clear(&self, cache: &mut CpuKvCache) -> Result<()> {
+        cache.clear();
+        Ok(())
     }
 
     fn attention(

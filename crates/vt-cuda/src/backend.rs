@@ -195,10 +195,8 @@ impl CudaBackend {
     }
 
     fn zeroed(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
-        let t = self.empty(dtype, shape)?;
-        // SAFETY: the block holds `len` bytes; the memset is ordered on our stream.
-        unsafe { result::memset_d8_async(t.buffer().ptr(), 0, t.buffer().len(), self.stream().cu_stream()) }
-            .map_err(|e| driver_err("memset", e))?;
+        let mut t = self.empty(dtype, shape)?;
+        self.zero(&mut t)?;
         Ok(t)
     }
 
@@ -295,6 +293,14 @@ impl Backend for CudaBackend {
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>> {
         self.zeroed(DType::BF16, shape)
+    }
+
+    fn zero(&self, t: &mut Tensor<Self>) -> Result<()> {
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: the block holds `len` bytes, which `t` owns (`&mut`); the memset is ordered on
+        // our stream after every earlier use of them.
+        unsafe { result::memset_d8_async(t.buffer().ptr(), 0, t.buffer().len(), self.stream().cu_stream()) }
+            .map_err(|e| driver_err("memset", e))
     }
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
@@ -633,6 +639,13 @@ impl Backend for CudaBackend {
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
         check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
         Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
+    }
+
+    fn kv_clear(&self, cache: &mut CudaKvCache) -> Result<()> {
+        // The rows stay: position p goes to row p (p % window) again, and no kernel reads a row
+        // past the positions seen.
+        cache.len = 0;
+        Ok(())
     }
 
     fn attention(

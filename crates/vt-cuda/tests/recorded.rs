@@ -109,6 +109,53 @@ fn a_later_sequence_records_at_its_first_decode_step() {
     }
 }
 
+/// A state emptied for a new sequence (`Model::reset_state`, as the engine does with finished
+/// sequences' states) keeps its recorded step: the next sequence, of another prompt, replays it
+/// from its first decode step without recording again, and computes what a new state's
+/// unrecorded steps compute, bit for bit. Every fixture (full and sliding-window caches, Gated
+/// DeltaNet states).
+#[test]
+fn a_reset_state_replays_its_recording_for_the_next_sequence() {
+    let b = CudaBackend::new().unwrap();
+    let mut failed = Vec::new();
+    for dir in all_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let prompt = Reference::load(&dir).prompt_ids;
+        let recorded = Model::load(&b, &dir).unwrap();
+        let mut plain = Model::load(&b, &dir).unwrap();
+        plain.set_recorded_decode(false);
+        let mut rs = recorded.new_state().unwrap();
+        // The first sequence: its first decode step runs unrecorded (the model's first), the
+        // second records, the third replays.
+        recorded.forward(&prompt, &mut rs, Logits::Last).unwrap();
+        for id in [1, 2, 3] {
+            recorded.forward(&[id], &mut rs, Logits::Last).unwrap();
+        }
+        let made = rs.recordings();
+        recorded.reset_state(&mut rs).unwrap();
+        assert_eq!(rs.len(), 0);
+        let next: Vec<u32> = prompt.iter().rev().take(prompt.len() / 2 + 1).copied().collect();
+        let mut ps = plain.new_state().unwrap();
+        let mut want = b.to_f32(&plain.forward(&next, &mut ps, Logits::Last).unwrap()).unwrap();
+        let got = b.to_f32(&recorded.forward(&next, &mut rs, Logits::Last).unwrap()).unwrap();
+        let mut same = got == want;
+        for _ in 0..8 {
+            let id = argmax(&want) as u32;
+            want = b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap();
+            same &= b.to_f32(&recorded.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap() == want;
+        }
+        println!(
+            "fixture {name}: next sequence of {} tokens + 8 steps on the reset state, bit-identical {same}, recordings {made} -> {}",
+            next.len(),
+            rs.recordings()
+        );
+        if !same || made != 1 || rs.recordings() != made || rs.len() != next.len() + 8 {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
 /// A recorder runs nothing, so nothing can be read back from it; a replay checks what it is given
 /// and computes with the ids it is given, not the recorded ones.
 #[test]

@@ -318,6 +318,38 @@ impl<B: Backend> Model<B> {
         Ok(SeqState { pos: 0, layers, recorded: Recorded::None, recordings: 0 })
     }
 
+    /// Empties `state` (a state of this model's `new_state`) for a new sequence: it then computes
+    /// as a new state does, but keeps its storage and its recorded decode step, so the sequence
+    /// that reuses it (the engine keeps finished sequences' states) allocates and records nothing
+    /// while its caches hold still. A recording that had failed is tried again.
+    pub fn reset_state(&self, state: &mut SeqState<B>) -> Result<()> {
+        let b = &self.backend;
+        let fits = state.layers.len() == self.layers.len()
+            && state.layers.iter().zip(&self.layers).all(|(s, l)| {
+                matches!(
+                    (s, &l.mixer),
+                    (LayerState::Attention(_), Mixer::Attention(_)) | (LayerState::DeltaNet { .. }, Mixer::DeltaNet(_))
+                )
+            });
+        if !fits {
+            return Err(Error::input("reset_state: the state was made by a model of other layers"));
+        }
+        for layer in &mut state.layers {
+            match layer {
+                LayerState::Attention(cache) => b.kv_clear(cache)?,
+                LayerState::DeltaNet { conv, recurrent } => {
+                    b.zero(conv)?;
+                    b.zero(recurrent)?;
+                }
+            }
+        }
+        state.pos = 0;
+        if matches!(state.recorded, Recorded::Failed(_)) {
+            state.recorded = Recorded::None;
+        }
+        Ok(())
+    }
+
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
     /// the last. A failed call leaves `state` unusable for further decoding (start a new one).
     pub fn forward(&self, ids: &[u32], state: &mut SeqState<B>, which: Logits) -> Result<Tensor<B>> {

@@ -181,6 +181,22 @@ fn prompt_ids_outside_vocabulary_are_rejected_without_harming_the_state() {
     assert_eq!(a, f);
 }
 
+/// A state is emptied for reuse only by a model of its layers: another model's state is refused,
+/// by name, and left as it was.
+#[test]
+fn resetting_another_models_state_is_refused() {
+    let b = CpuBackend::new();
+    let (qwen, laguna) =
+        (Model::load(&b, &fixture("qwen35moe_text")).unwrap(), Model::load(&b, &fixture("laguna_a")).unwrap());
+    let mut st = laguna.new_state().unwrap();
+    laguna.forward(&[1, 2, 3], &mut st, Logits::Last).unwrap();
+    let err = qwen.reset_state(&mut st).unwrap_err().to_string();
+    assert_mentions(&err, &["reset_state", "other layers"]);
+    assert_eq!(st.len(), 3);
+    laguna.reset_state(&mut st).unwrap();
+    assert_eq!(st.len(), 0);
+}
+
 // ---- Laguna config fields (issue 3) ----
 
 #[test]

@@ -28,7 +28,8 @@ pub struct EngineConfig {
     pub max_seqs: usize,
     /// Most requests waiting to start; more are refused with `SubmitError::QueueFull`.
     pub max_queue: usize,
-    /// Bytes of sequence state (KV cache, linear-attention state) running sequences may hold.
+    /// Bytes of sequence state (KV cache, linear-attention state) running sequences, and the
+    /// finished ones' states kept for reuse, may hold.
     pub memory_budget: Option<usize>,
     /// Longest sequence, prompt plus generated tokens (the checkpoint's `max_position_embeddings`).
     pub max_context: usize,
@@ -183,6 +184,14 @@ struct Running<B: Backend> {
     reserve: usize,
 }
 
+/// A finished sequence's state, emptied (`Model::reset_state`) for a later request: its storage
+/// and its recorded decode step stay, so that request allocates and records nothing.
+/// `bytes`: what its sequence reserved, an estimate of the storage it holds.
+struct Spare<B: Backend> {
+    state: SeqState<B>,
+    bytes: usize,
+}
+
 /// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
 enum Picks {
     Ids(Vec<u32>),
@@ -196,6 +205,10 @@ pub struct Engine<B: Backend> {
     waiting: VecDeque<Waiting>,
     running: Vec<Running<B>>,
     reserved: usize,
+    /// States of finished sequences, oldest first, held beside the reservations (`spare_bytes`)
+    /// and dropped, oldest first, when a request would not fit the memory budget beside them.
+    spare: VecDeque<Spare<B>>,
+    spare_bytes: usize,
     /// Requests taken from the queue; a handle's waiting count goes down by this much.
     admitted: Arc<AtomicUsize>,
 }
@@ -216,6 +229,8 @@ impl<B: Backend> Engine<B> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             reserved: 0,
+            spare: VecDeque::new(),
+            spare_bytes: 0,
             admitted: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -242,6 +257,11 @@ impl<B: Backend> Engine<B> {
     /// Sequences running now.
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// States of finished sequences kept for later requests (at most as many as ran at once).
+    pub fn kept_states(&self) -> usize {
+        self.spare.len()
     }
 
     /// One batched forward over the running sequences (admitting waiting ones first).
@@ -283,7 +303,7 @@ impl<B: Backend> Engine<B> {
             Err(e) => {
                 // The states of every sequence in the batch are now unusable.
                 let msg = e.to_string();
-                self.finish_where(|_, i| (take[i] > 0).then(|| Event::Failed(msg.clone())));
+                self.finish_where(false, |_, i| (take[i] > 0).then(|| Event::Failed(msg.clone())));
                 return ran;
             }
         };
@@ -315,18 +335,23 @@ impl<B: Backend> Engine<B> {
                 None
             };
         }
-        self.finish_where(|_, i| events[i].take());
+        self.finish_where(true, |_, i| events[i].take());
         ran
     }
 
-    /// Removes the running sequences for which `done` gives an event, sending it.
-    fn finish_where(&mut self, mut done: impl FnMut(&Running<B>, usize) -> Option<Event>) {
+    /// Removes the running sequences for which `done` gives an event, sending it; their states
+    /// are kept for later requests when `reuse` (they are intact) and they empty without error.
+    fn finish_where(&mut self, reuse: bool, mut done: impl FnMut(&Running<B>, usize) -> Option<Event>) {
         let mut kept = Vec::with_capacity(self.running.len());
         for (i, mut s) in std::mem::take(&mut self.running).into_iter().enumerate() {
             match done(&s, i) {
                 Some(ev) => {
                     (s.sink)(ev);
                     self.reserved -= s.reserve;
+                    if reuse && self.model.reset_state(&mut s.state).is_ok() {
+                        self.spare_bytes += s.reserve;
+                        self.spare.push_back(Spare { state: s.state, bytes: s.reserve });
+                    }
                 }
                 None => kept.push(s),
             }
@@ -334,8 +359,16 @@ impl<B: Backend> Engine<B> {
         self.running = kept;
     }
 
+    /// Drops the oldest kept states until those left hold at most `room` bytes.
+    fn trim_spare(&mut self, room: usize) {
+        while self.spare_bytes > room {
+            let Some(s) = self.spare.pop_front() else { break };
+            self.spare_bytes -= s.bytes;
+        }
+    }
+
     fn drop_cancelled(&mut self) {
-        self.finish_where(|s, _| s.cancel.is_cancelled().then_some(Event::Done(Finish::Cancelled)));
+        self.finish_where(true, |s, _| s.cancel.is_cancelled().then_some(Event::Done(Finish::Cancelled)));
         let before = self.waiting.len();
         self.waiting.retain_mut(|w| {
             let cancelled = w.cancel.is_cancelled();
@@ -352,18 +385,31 @@ impl<B: Backend> Engine<B> {
         let budget = self.limits.config.memory_budget.unwrap_or(usize::MAX);
         while self.running.len() < self.limits.config.max_seqs {
             let Some(w) = self.waiting.front() else { break };
-            if self.reserved + w.reserve > budget {
+            // The latest kept state, if it fits the budget: it is then reserved at the larger of
+            // its storage and the request's needs.
+            let reuse =
+                (self.spare.back()).map(|s| s.bytes.max(w.reserve)).filter(|&bytes| self.reserved + bytes <= budget);
+            let reserve = reuse.unwrap_or(w.reserve);
+            if self.reserved + reserve > budget {
                 break;
             }
+            let state = match reuse {
+                Some(_) => {
+                    let s = self.spare.pop_back().expect("a kept state");
+                    self.spare_bytes -= s.bytes;
+                    Ok(s.state)
+                }
+                None => Err(()),
+            };
+            self.trim_spare(budget - self.reserved - reserve);
             let mut w = self.waiting.pop_front().expect("front exists");
             self.admitted.fetch_add(1, Ordering::Relaxed);
-            let started = self
-                .model
-                .new_state()
+            let started = state
+                .or_else(|()| self.model.new_state())
                 .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
             match started {
                 Ok((state, sampler)) => {
-                    self.reserved += w.reserve;
+                    self.reserved += reserve;
                     self.running.push(Running {
                         sink: w.sink,
                         cancel: w.cancel,
@@ -373,7 +419,7 @@ impl<B: Backend> Engine<B> {
                         stop_token_ids: w.req.stop_token_ids,
                         generated: 0,
                         max_gen: w.max_gen,
-                        reserve: w.reserve,
+                        reserve,
                     });
                 }
                 Err(e) => {

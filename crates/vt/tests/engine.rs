@@ -80,6 +80,39 @@ fn batched_greedy_equals_alone_on_every_fixture() {
     }
 }
 
+/// Finished sequences' states serve later requests (two run at a time, six requests of different
+/// prompts), which get the greedy tokens they get alone: a reused state is emptied of its KV
+/// caches and recurrent states. Each fixture family (full and sliding attention, Gated DeltaNet).
+#[test]
+fn reused_states_compute_as_new_ones_on_every_fixture() {
+    const GEN: usize = 6;
+    for dir in all_fixtures() {
+        let b = CpuBackend::new();
+        let model = Model::load(&b, &dir).unwrap();
+        let ps = prompts(model.spec().vocab, 6);
+        let opts = GenerateOptions { max_new_tokens: GEN, ..Default::default() };
+        let alone: Vec<Vec<u32>> = ps.iter().map(|p| vt::generate(&model, p, &opts).unwrap().token_ids).collect();
+        let mut engine = Engine::new(model, EngineConfig { max_seqs: 2, ..Default::default() });
+        let mut logs = Vec::new();
+        for (i, p) in ps.iter().enumerate() {
+            let (log, sink) = collect();
+            engine.add(request(p.clone(), GEN), sink).unwrap();
+            logs.push(log);
+            if i == 1 {
+                run_to_end(&mut engine);
+                assert_eq!(engine.kept_states(), 2, "{}: the first two states are kept", dir.display());
+            }
+        }
+        engine.step();
+        assert_eq!(engine.kept_states(), 0, "{}: the next two requests take them", dir.display());
+        run_to_end(&mut engine);
+        assert_eq!(engine.kept_states(), 2);
+        for (i, log) in logs.iter().enumerate() {
+            assert_eq!(tokens(log), alone[i], "{} seq {i}", dir.display());
+        }
+    }
+}
+
 /// Greedy sequences batched with sampled and penalised ones (whose step reads the logits back)
 /// and alone (whose steps take `argmax_rows`) get the same tokens, each from its own row.
 #[test]
@@ -183,6 +216,22 @@ fn memory_budget_limits_running_sequences() {
     }
     assert_eq!(most, 2);
     assert!(logs.iter().all(|l| tokens(l).len() == 8));
+    // The two finished states are kept within the budget. A shorter request takes the latest,
+    // reserved at what that state holds, and the other still fits beside it.
+    assert_eq!(engine.kept_states(), 2);
+    let (short, sink) = collect();
+    engine.add(request(vec![1; 8], 2), sink).unwrap();
+    engine.step();
+    assert_eq!((engine.running(), engine.kept_states()), (1, 1));
+    run_to_end(&mut engine);
+    assert_eq!((tokens(&short).len(), engine.kept_states()), (2, 2));
+    // A longer request that the budget holds leaves no room beside it: the kept states go.
+    let (long, sink) = collect();
+    engine.add(request(vec![1; 8], 14), sink).unwrap();
+    engine.step();
+    assert_eq!((engine.running(), engine.kept_states()), (1, 0));
+    run_to_end(&mut engine);
+    assert_eq!((tokens(&long).len(), engine.kept_states()), (14, 1));
     let err = engine.add(request(vec![1; 8], 200), collect().1).unwrap_err().to_string();
     assert!(err.contains("memory budget"), "{err}");
 }

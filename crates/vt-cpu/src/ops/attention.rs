@@ -47,6 +47,13 @@ impl CpuKvCache {
         self.len == 0
     }
 
+    /// No positions and no blocks, as new (nothing is recorded over a CPU cache, so nothing is
+    /// gained by keeping them).
+    pub(crate) fn clear(&mut self) {
+        self.blocks.clear();
+        self.len = 0;
+    }
+
     /// Blocks of backend memory held.
     pub fn blocks_held(&self) -> usize {
         self.blocks.iter().filter(|b| b.is_some()).count()
