@@ -5,6 +5,8 @@
 //! fixture has some) fill and the sequence records again.
 #![cfg(feature = "cuda")]
 
+use std::path::Path;
+
 use vt_core::checkpoint::Checkpoint;
 use vt_core::Backend;
 use vt_cuda::CudaBackend;
@@ -16,16 +18,21 @@ use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 /// ahead, so the cache at least doubles again: 4 x 137 = 548 for the longest fixture prompt).
 const STEPS: usize = 480;
 
+/// A fixture's name, its reference prompt, and its model loaded twice: recording decode steps,
+/// and not.
+fn recorded_and_plain(b: &CudaBackend, dir: &Path) -> (String, Vec<u32>, Model<CudaBackend>, Model<CudaBackend>) {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let mut plain = Model::load(b, dir).unwrap();
+    plain.set_recorded_decode(false);
+    (name, Reference::load(dir).prompt_ids, Model::load(b, dir).unwrap(), plain)
+}
+
 #[test]
 fn recorded_decode_equals_unrecorded_bit_for_bit() {
     let b = CudaBackend::new().unwrap();
     let mut failed = Vec::new();
     for dir in all_fixtures() {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let prompt = Reference::load(&dir).prompt_ids;
-        let recorded = Model::load(&b, &dir).unwrap();
-        let mut plain = Model::load(&b, &dir).unwrap();
-        plain.set_recorded_decode(false);
+        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
         let (mut rs, mut ps) = (recorded.new_state().unwrap(), plain.new_state().unwrap());
         let mut want = b.to_f32(&plain.forward(&prompt, &mut ps, Logits::Last).unwrap()).unwrap();
         let got = b.to_f32(&recorded.forward(&prompt, &mut rs, Logits::Last).unwrap()).unwrap();
@@ -119,11 +126,7 @@ fn a_reset_state_replays_its_recording_for_the_next_sequence() {
     let b = CudaBackend::new().unwrap();
     let mut failed = Vec::new();
     for dir in all_fixtures() {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let prompt = Reference::load(&dir).prompt_ids;
-        let recorded = Model::load(&b, &dir).unwrap();
-        let mut plain = Model::load(&b, &dir).unwrap();
-        plain.set_recorded_decode(false);
+        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
         let mut rs = recorded.new_state().unwrap();
         // The first sequence: its first decode step runs unrecorded (the model's first), the
         // second records, the third replays.
