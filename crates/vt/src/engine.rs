@@ -393,19 +393,16 @@ impl<B: Backend> Engine<B> {
             if self.reserved + reserve > budget {
                 break;
             }
-            let state = match reuse {
-                Some(_) => {
-                    let s = self.spare.pop_back().expect("a kept state");
-                    self.spare_bytes -= s.bytes;
-                    Ok(s.state)
-                }
-                None => Err(()),
-            };
+            let kept = reuse.map(|_| {
+                let s = self.spare.pop_back().expect("a kept state");
+                self.spare_bytes -= s.bytes;
+                s.state
+            });
             self.trim_spare(budget - self.reserved - reserve);
             let mut w = self.waiting.pop_front().expect("front exists");
             self.admitted.fetch_add(1, Ordering::Relaxed);
-            let started = state
-                .or_else(|()| self.model.new_state())
+            let started = kept
+                .map_or_else(|| self.model.new_state(), Ok)
                 .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
             match started {
                 Ok((state, sampler)) => {
