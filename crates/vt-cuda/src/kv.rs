@@ -277,7 +277,8 @@ pub(crate) fn attention_decode(
     let (qr, kr) = (b.empty(DType::BF16, q.shape())?, b.empty(DType::BF16, k.shape())?);
     let (q_row, kv_row) = ((q_heads * head_dim * 2) as u64, (kv_heads * head_dim * 2) as u64);
     let row = i32_of(kv_heads * head_dim, "cache row")?;
-    let wi = i32_of(window.unwrap_or(0), "window")?;
+    let w = window.unwrap_or(0);
+    let wi = i32_of(w, "window")?;
     for (c, chunk) in caches.chunks_mut(SEQ_MAX).enumerate() {
         let first = (c * SEQ_MAX) as u64;
         let mut kv = SeqCaches { keys: [0; SEQ_MAX], values: [0; SEQ_MAX], starts: [0; SEQ_MAX], len: chunk.len() };
@@ -295,8 +296,7 @@ pub(crate) fn attention_decode(
         };
         rope_seqs(b, ops.q, pq + first * q_row, kv.len, q_heads, head_dim, &kv.starts, rope)?;
         rope_seqs(b, ops.k, pk + first * kv_row, kv.len, kv_heads, head_dim, &kv.starts, rope)?;
-        let (w, scale) = (window.unwrap_or(0), p.scale);
-        crate::attn_decode::launch_seqs(b, &ops, &kv, q_heads, kv_heads, head_dim, w, scale)?;
+        crate::attn_decode::launch_seqs(b, &ops, &kv, q_heads, kv_heads, head_dim, w, p.scale)?;
         let ti = kv.len as i32;
         let mut l = Overlapped::new(b, &b.k().kv_append_seqs);
         l.arg(&kv.keys).arg(&kv.values).arg(&ops.k).arg(&ops.v).arg(&ti).arg(&row).arg(&kv.starts).arg(&wi);

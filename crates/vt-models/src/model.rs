@@ -565,7 +565,7 @@ impl<B: Backend> Model<B> {
         // Single-token steps (run_on puts them first), of one sequence or many: the recurrent
         // form, one call for all; prompt chunks a sequence at a time, in the chunked form. (As
         // transformers: the recurrent form for single-token steps, the chunked form otherwise.)
-        let decodes = if spans.iter().all(|sp| sp.len == 1) { spans.len() } else { batched_decodes(spans) };
+        let decodes = spans.iter().take_while(|sp| sp.len == 1).count();
         let o = if decodes == spans.len() {
             b.gated_delta_step(&d.step(&qkv_in, &a, &beta_in), &mut gdn_states(states)?)?
         } else {
@@ -586,9 +586,8 @@ impl<B: Backend> Model<B> {
         b.linear(&o, &d.out_proj)
     }
 
-    /// The delta rule of `spans` (rows of the step's tensors), a sequence at a time: in the chunked
-    /// form (a single token in the recurrent form) -> each sequence's `[len, value_heads *
-    /// value_dim]`.
+    /// The delta rule of `spans` (rows of the step's tensors; prompt chunks), a sequence at a time
+    /// in the chunked form -> each sequence's `[len, value_heads * value_dim]`.
     fn delta_net_chunks(
         &self,
         b: &B,
@@ -607,12 +606,6 @@ impl<B: Backend> Model<B> {
             };
             let n = sp.len;
             let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
-            if n == 1 {
-                let qkv = take_rows(b, &mut qkv_in, sp)?;
-                let o = b.gated_delta_step(&d.step(&qkv, &a, &beta_in), &mut [GdnState { conv, recurrent }])?;
-                parts.push(o.reshape(&[1, s.value_heads * s.value_dim])?);
-                continue;
-            }
             let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &d.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
