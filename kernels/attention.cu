@@ -22,18 +22,6 @@ extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf
     vc[slot * row + c] = v[i];
 }
 
-// One token of each of t <= SEQ_MAX sequences: row r of k and v goes to sequence r's cache (kc.p,
-// vc.p) at position start.v[r] (mod window).
-extern "C" __global__ void kv_append_seqs(SeqPtrs kc, SeqPtrs vc, const bf16* k, const bf16* v, int t, int row, SeqInts start, int window) {
-    grid_dep_begin();
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)t * row) return;
-    int r = (int)(i / row), c = (int)(i % row);
-    long long pos = start.v[r], slot = window > 0 ? pos % window : pos;
-    ((bf16*)kc.p[r])[slot * row + c] = k[i];
-    ((bf16*)vc.p[r])[slot * row + c] = v[i];
-}
-
 // One warp per (query token, query head), online softmax in f32. Block: 128 threads (4 warps);
 // grid covers t * q_heads warps. window 0 = none. d <= ATT_MAX_D.
 // `start_at`, when not null, holds the start position instead of `start`.

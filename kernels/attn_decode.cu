@@ -3,21 +3,34 @@
 // walking it. attn_dec_split writes each split's softmax max, sum and unnormalised output;
 // attn_dec_combine merges the splits. Same cache layout and windowing as attention.cu.
 
-// Positions per block (4 warps, each 4 positions at a time with their K and V rows in flight).
-#define ATT_DEC_SPLIT 64
 #define ATT_DEC_MAX_D 256
+
+// The step's own k and v rows (KV head kvh) into the cache at `start` (row start % window of a
+// ring), so that no kv_append launch follows: written by the one block of the KV head whose split
+// holds `start` (`writer`). No block of the launch reads that row: the query's own key comes from
+// k and v, and a ring's row start % window holds a position the window no longer sees.
+__device__ __forceinline__ void append_own_row(bool writer, bf16* kc, bf16* vc, const bf16* k, const bf16* v, int kvh, int d, long long row,
+                                               int start, int window) {
+    if (!writer) return;
+    long long at = (window > 0 ? start % window : start) * row + kvh * d;
+    for (int j = threadIdx.x; j < d / 8; j += blockDim.x) {
+        *(uint4*)(kc + at + 8 * j) = *(const uint4*)(k + kvh * d + 8 * j);
+        *(uint4*)(vc + at + 8 * j) = *(const uint4*)(v + kvh * d + 8 * j);
+    }
+}
 // part[(h * splits + s) * (d + 2) + j]: j < d the split's output (sum of exp(score - m) * v),
-// j = d its max m, j = d + 1 its sum of exp(score - m). Grid (splits, kv_heads * ceil(group / H)),
-// 128 threads: block y serves query heads h0 .. h0 + nh - 1 (nh <= H) of KV head
+// j = d its max m, j = d + 1 its sum of exp(score - m), split s covering `split` positions (a
+// multiple of 16). Grid (splits, kv_heads * ceil(group / H)), 128 threads (4 warps, each 4
+// positions at a time with their K and V rows in flight): block y serves query heads h0 .. h0 + nh - 1 (nh <= H) of KV head
 // y / ceil(group / H), and each K and V row it loads serves all of them, so a GQA group of G heads
 // reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
 // position `start` (or `*start_at` when that is not null), its own k/v in k, v. Splits past the
 // visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0: a
 // recorded step sizes its grid for the cache's capacity once.
 template <int H>
-__device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
-                                               int q_heads, int kv_heads, int d, int start, const int* start_at, int window,
-                                               float scale, int splits) {
+__device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,
+                                               int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
+                                               int splits) {
     grid_dep_begin();
     if (start_at) start = *start_at;
     __shared__ float wm[4][H], wl[4][H], wacc[4][H][ATT_DEC_MAX_D];
@@ -26,7 +39,8 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     int s = blockIdx.x, kvh = blockIdx.y / per_kv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int h0 = kvh * group + blockIdx.y % per_kv * H, nh = min(H, (kvh + 1) * group - h0), row = kv_heads * d;
     int lo = window > 0 ? max(0, start + 1 - window) : 0;
-    int p0 = lo + s * ATT_DEC_SPLIT, p1 = min(p0 + ATT_DEC_SPLIT, start + 1);
+    int p0 = lo + s * split, p1 = min(p0 + split, start + 1);
+    append_own_row(p1 == start + 1 && p0 <= start && blockIdx.y % per_kv == 0, kc, vc, k, v, kvh, d, row, start, window);
     bool on = lane * 8 < d;
     float qf[H][8], acc[H][8], m[H], l[H];
 #pragma unroll
@@ -122,10 +136,10 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
 // H = 1 at d = 256, where four heads' accumulators cost more than the reads they save (Qwen3.5's
 // 16 / 2 heads: 24.7 µs with H = 1, 33.4 with H = 4).
 #define ATT_DEC_SPLIT_KERNEL(NAME, H)                                                                                             \
-    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,      \
-                                    int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale,     \
+    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,     \
+                                    int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,       \
                                     int splits) {                                                                                  \
-        attn_dec_split<H>(part, q, k, v, kc, vc, q_heads, kv_heads, d, start, start_at, window, scale, splits);                  \
+        attn_dec_split<H>(part, q, k, v, kc, vc, q_heads, kv_heads, d, start, start_at, window, scale, split, splits);           \
     }
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h1, 1)
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
@@ -135,14 +149,216 @@ ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
 // partials in turn, so attn_dec_combine over seqs * q_heads "heads" merges them.
 #define ATT_DEC_SPLIT_SEQS_KERNEL(NAME, H)                                                                                        \
     extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, SeqPtrs kc, SeqPtrs vc, SeqInts start, \
-                                    int q_heads, int kv_heads, int d, int window, float scale, int splits) {                       \
+                                    int q_heads, int kv_heads, int d, int window, float scale, int split, int splits) {            \
         int seq = blockIdx.z;                                                                                                      \
         attn_dec_split<H>(part + (long long)seq * q_heads * splits * (d + 2), q + (long long)seq * q_heads * d,                    \
-                          k + (long long)seq * kv_heads * d, v + (long long)seq * kv_heads * d, (const bf16*)kc.p[seq],           \
-                          (const bf16*)vc.p[seq], q_heads, kv_heads, d, start.v[seq], nullptr, window, scale, splits);            \
+                          k + (long long)seq * kv_heads * d, v + (long long)seq * kv_heads * d, (bf16*)kc.p[seq], (bf16*)vc.p[seq], \
+                          q_heads, kv_heads, d, start.v[seq], nullptr, window, scale, split, splits);                             \
     }
 ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h1, 1)
 ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h4, 4)
+
+// The same partials on bf16 tensor cores, for head dims D = 64, 128, 256 (flash decoding): a block
+// of ATT_MMA_WARPS warps serves up to 16 query heads of one KV head, the rows of the MMAs (rows
+// past the group's heads are zero), over `split` positions, the warps taking turns at 16 of them:
+// each copies its 16 keys' K and V rows into tiles of its own, takes S = Q K^T, the online softmax
+// in f32 and O += P V with P rounded to bf16 (as flash_attn.cu). The next K tile is copied during
+// the softmax and P V, the next V tile during the next Q K^T. The CUDA-core kernel above takes a dot
+// per position and head with a warp reduction each, which bound it on shuffles, not on the cache's
+// bytes (H200, 4000 keys of 64 / 8 heads, d = 128: 32.4 against 16.0 µs with the split and combine).
+// The warps' softmax states merge into the split's partial in shared memory (each warp's f32 O in
+// place of its K and V tiles). Grid (splits, kv_heads * ceil(group / 16)), 32 * ATT_MMA_WARPS
+// threads, ATT_MMA_SHARED(D) bytes of dynamic shared memory; attn_dec_split's arguments but d.
+#define ATT_MMA_WARPS 4
+#define ATT_MMA_KEYS 16
+#define ATT_MMA_SHARED(D) (16 * (D) * 2 + ATT_MMA_WARPS * 2 * ATT_MMA_KEYS * (D) * 2)
+template <int D>
+__device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,
+                                             int kv_heads, int start, const int* start_at, int window, float scale, int split, int splits) {
+    constexpr int CH = D / 8, RPP = 32 / CH;         // 16-byte chunks per row; rows per pass of a warp's copies
+    constexpr unsigned TILE = ATT_MMA_KEYS * D * 2;  // bytes of a warp's K (or V) tile
+    static_assert(2 * TILE == 16 * D * 4, "a warp's f32 O [16][D] fits in place of its K and V tiles");
+    extern __shared__ __align__(16) bf16 ad_sh[];
+    __shared__ float wm[ATT_MMA_WARPS][16], wl[ATT_MMA_WARPS][16];
+    grid_dep_begin();
+    if (start_at) start = *start_at;
+    const float NEG_INF = __int_as_float(0xff800000), sl2 = scale * 1.4426950408889634f;
+    int group = q_heads / kv_heads, per_kv = (group + 15) / 16;
+    int s = blockIdx.x, kvh = blockIdx.y / per_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c2 = (lane & 3) * 2;
+    int h0 = kvh * group + blockIdx.y % per_kv * 16, nh = min(16, (kvh + 1) * group - h0);
+    long long row = (long long)kv_heads * D;
+    int lo = window > 0 ? max(0, start + 1 - window) : 0;
+    int b0 = lo + s * split, p1 = min(b0 + split, start + 1);
+    const unsigned sq = smem_addr(ad_sh), sk = sq + 16 * D * 2 + warp * 2 * TILE, sv = sk + TILE;
+    for (int i = tid; i < 16 * CH; i += blockDim.x) {
+        int r = i / CH, c = i % CH;
+        cp_async16(sq + fa_swz<D>(r, c), q + (r < nh ? (long long)(h0 + r) * D + c * 8 : 0), r < nh);
+    }
+    // Rows pt .. pt + 15 of K or V (zero at and past p1) into this warp's tile, as a copy group: the
+    // step's own position from k / v, earlier ones from the cache (row p, or p % window of a ring).
+    auto load = [&](unsigned dst, const bf16* cur, const bf16* cache, int pt) {
+        if (pt < p1) {
+#pragma unroll
+            for (int i = 0; i < ATT_MMA_KEYS / RPP; i++) {
+                int r = lane / CH + i * RPP, c = lane % CH, p = pt + r;
+                bool ok = p < p1;
+                long long at = p >= start ? (long long)(p - start) : (long long)(window > 0 ? p % window : p);
+                cp_async16(dst + fa_swz<D>(r, c), (p >= start ? cur : cache) + (ok ? at * row + kvh * D + c * 8 : 0), ok);
+            }
+        }
+        cp_async_commit();
+    };
+    int pt = b0 + ATT_MMA_KEYS * warp;
+    load(sk, k, kc, pt);
+    load(sv, v, vc, pt);
+    append_own_row(p1 == start + 1 && b0 <= start && blockIdx.y % per_kv == 0, kc, vc, k, v, kvh, D, row, start, window);
+    cp_async_wait<0>();
+    __syncthreads();  // Q and this warp's first tiles are in
+
+    // ldmatrix addresses as in flash_attn.cu: Q (A) rows lane % 16, K (B of Q K^T) rows lane % 8 +
+    // 8 (lane / 16), V (transposed B of P V) rows lane % 8 + 8 (lane / 8 % 2).
+    unsigned qa[4], kb[4], vb[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        qa[j] = sq + (lane & 15) * D * 2 + (((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
+        kb[j] = sk + ((lane & 7) + ((lane >> 4) << 3)) * D * 2 + (((2 * j + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
+        vb[j] = sv + ((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2 + (((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
+    }
+    float o[D / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) o[j][x] = 0.0f;
+    while (pt < p1) {
+        // S: rows g (x < 2) and g + 8 of heads, keys pt + 8 j + c2 + x % 2.
+        float sc[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            unsigned a[4], b[4];
+            ldsm_x4(a, qa[ks & 3] + (ks >> 2) * 128);
+            ldsm_x4(b, kb[ks & 3] + (ks >> 2) * 128);
+            mma_bf16(sc[0], a, b[0], b[1]);
+            mma_bf16(sc[1], a, b[2], b[3]);
+        }
+        int next = pt + ATT_MMA_KEYS * ATT_MMA_WARPS;
+        __syncwarp();  // every lane is done with the K tile
+        load(sk, k, kc, next);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    float& val = sc[j][2 * hr + x];
+                    if (pt + 8 * j + c2 + x >= p1) val = NEG_INF;
+                    mx = fmaxf(mx, val);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // The tile's first key is visible, so mn is finite; the scale is positive, so it is
+            // folded into the exponent.
+            float mn = fmaxf(m[hr], mx), corr = exp2f((m[hr] - mn) * sl2);
+            m[hr] = mn;
+            l[hr] *= corr;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) {
+                o[j][2 * hr] *= corr;
+                o[j][2 * hr + 1] *= corr;
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    float e = exp2f((sc[j][2 * hr + x] - mn) * sl2);
+                    sc[j][2 * hr + x] = e;
+                    l[hr] += e;
+                }
+        }
+        cp_async_wait<1>();  // this tile's V (the next K may still be in flight)
+        __syncwarp();
+        unsigned a[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]), pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
+#pragma unroll
+        for (int db = 0; db < D / 16; db++) {
+            unsigned b[4];
+            ldsm_x4_trans(b, vb[db & 3] + (db >> 2) * 128);
+            mma_bf16(o[2 * db], a, b[0], b[1]);
+            mma_bf16(o[2 * db + 1], a, b[2], b[3]);
+        }
+        __syncwarp();  // every lane is done with the V tile
+        load(sv, v, vc, next);
+        cp_async_wait<1>();  // the next K (the next V may still be in flight)
+        __syncwarp();
+        pt = next;
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    // This warp's state: m and l per row (l summed over the row's four lanes), O over its tiles.
+    float* wo = (float*)((char*)ad_sh + 16 * D * 2 + warp * 2 * TILE);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+        if ((lane & 3) == 0) {
+            wm[warp][g + 8 * hr] = m[hr];
+            wl[warp][g + 8 * hr] = l[hr];
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) *(float2*)(wo + (g + 8 * hr) * D + 8 * j + c2) = make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
+    }
+    __syncthreads();
+    // The split's partial: the warps' states merged at their common max (scores scaled); wf holds
+    // each warp's factor per row (0 for a warp that saw no key).
+    __shared__ float wf[ATT_MMA_WARPS][16];
+    if (tid < 16) {
+        float M = NEG_INF, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_MMA_WARPS; w++) M = fmaxf(M, wm[w][tid]);
+#pragma unroll
+        for (int w = 0; w < ATT_MMA_WARPS; w++) {
+            wf[w][tid] = wm[w][tid] == NEG_INF ? 0.0f : exp2f((wm[w][tid] - M) * sl2);
+            L += wl[w][tid] * wf[w][tid];
+        }
+        if (tid < nh) {
+            float* out = part + ((long long)(h0 + tid) * splits + s) * (D + 2);
+            out[D] = M * scale;
+            out[D + 1] = L;
+        }
+    }
+    __syncthreads();
+    const float* w0 = (const float*)((const char*)ad_sh + 16 * D * 2);
+    for (int x = tid; x < nh * D; x += blockDim.x) {
+        int i = x / D, j = x % D;
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_MMA_WARPS; w++) a += w0[w * (2 * TILE / 4) + i * D + j] * wf[w][i];
+        part[((long long)(h0 + i) * splits + s) * (D + 2) + j] = a;
+    }
+}
+
+#define ATT_DEC_MMA_KERNEL(NAME, D)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS)                                                              \
+        NAME(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads, int kv_heads, int,         \
+             int start, const int* start_at, int window, float scale, int split, int splits) {                                    \
+        attn_dec_mma<D>(part, q, k, v, kc, vc, q_heads, kv_heads, start, start_at, window, scale, split, splits);                 \
+    }
+ATT_DEC_MMA_KERNEL(attn_dec_mma_d64, 64)
+ATT_DEC_MMA_KERNEL(attn_dec_mma_d128, 128)
+ATT_DEC_MMA_KERNEL(attn_dec_mma_d256, 256)
+
+// One token of each of up to SEQ_MAX sequences, as attn_dec_split_seqs_*.
+#define ATT_DEC_MMA_SEQS_KERNEL(NAME, D)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS)                                                              \
+        NAME(float* part, const bf16* q, const bf16* k, const bf16* v, SeqPtrs kc, SeqPtrs vc, SeqInts start, int q_heads,         \
+             int kv_heads, int, int window, float scale, int split, int splits) {                                                 \
+        int seq = blockIdx.z;                                                                                                      \
+        attn_dec_mma<D>(part + (long long)seq * q_heads * splits * (D + 2), q + (long long)seq * q_heads * D,                      \
+                        k + (long long)seq * kv_heads * D, v + (long long)seq * kv_heads * D, (bf16*)kc.p[seq], (bf16*)vc.p[seq],  \
+                        q_heads, kv_heads, start.v[seq], nullptr, window, scale, split, splits);                                  \
+    }
+ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d64, 64)
+ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d128, 128)
+ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d256, 256)
 
 // out[h, :] = the splits of head h merged. Grid: q_heads, d to ATT_DEC_COMBINE_THREADS threads
 // (whole warps): the block finds the splits' max together, then blockDim / d groups of d threads

@@ -202,6 +202,11 @@ __device__ __forceinline__ void cp_async_pipeline(int kt_n, Load load, Compute c
     cp_async_wait<0>();
 }
 
+// Byte offset of 16-byte chunk `ch` of row `r` in a shared tile with D bf16 columns (D >= 64),
+// rows XOR-swizzled in 16-byte chunks so that ldmatrix is conflict-free (flash_attn.cu,
+// attn_decode.cu).
+template <int D> __device__ __forceinline__ unsigned fa_swz(int r, int ch) { return r * D * 2 + ((ch ^ (r & 7)) << 4); }
+
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

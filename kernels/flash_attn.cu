@@ -14,9 +14,6 @@
 
 #define FA_BN 64
 
-// Byte offset of 16-byte chunk `ch` of row `r` in a tile with D bf16 columns (D >= 64).
-template <int D> __device__ __forceinline__ unsigned fa_swz(int r, int ch) { return r * D * 2 + ((ch ^ (r & 7)) << 4); }
-
 // bq_log2: log2 of the block's queries (ROWS / hpb, at least 16 * MI).
 template <int D, int WARPS, int MI>
 __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, int t,

@@ -117,8 +117,8 @@ def argmax():
 
 def sdpa():
     # (hq, hkv, d, keys): Qwen3.5-35B-A3B's full attention at 4000 keys, Laguna-XS.2's global
-    # layers at 4000 and its sliding ones at their 512-key window (decode_bench's cases).
-    for hq, hkv, d, keys in ((16, 2, 256, 4000), (64, 8, 128, 4000), (48, 8, 128, 512)):
+    # layers at 4000 and 32000 and its sliding ones at their 512-key window (decode_bench's cases).
+    for hq, hkv, d, keys in ((16, 2, 256, 4000), (64, 8, 128, 4000), (64, 8, 128, 32000), (48, 8, 128, 512)):
         caches = [(torch.randn(1, hkv, keys, d, device=dev, dtype=torch.bfloat16),
                    torch.randn(1, hkv, keys, d, device=dev, dtype=torch.bfloat16)) for _ in range(8)]
         q = torch.randn(1, hq, 1, d, device=dev, dtype=torch.bfloat16)

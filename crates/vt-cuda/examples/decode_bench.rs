@@ -6,7 +6,8 @@
 //! copies larger than the 60 MB L2.
 //!
 //! cargo build --release -p vt-cuda --features cuda --example decode_bench
-//! decode_bench [peers.txt]
+//! decode_bench [peers.txt]   (`VT_BENCH_CASES`: a comma-separated subset of
+//! `gemv,argmax,gdn,attention,moe`, default all)
 
 use std::collections::HashMap;
 
@@ -18,6 +19,11 @@ use vt_core::{
 use vt_cuda::CudaBackend;
 
 type B = CudaBackend;
+
+/// Whether the case kind `kind` is among `VT_BENCH_CASES` (all when unset).
+fn wanted(kind: &str) -> bool {
+    std::env::var("VT_BENCH_CASES").map_or(true, |v| v.split(',').any(|c| c.trim() == kind))
+}
 
 /// Qwen3.5-35B-A3B.
 const H: usize = 2048;
@@ -308,14 +314,26 @@ fn main() -> Result<()> {
     );
     drop(big);
     let r = Report { bandwidth, peers };
-    gemv(&b, &r)?;
-    argmax(&b, &r)?;
-    gdn(&b, &r)?;
-    // Qwen3.5-35B-A3B's full attention, then Laguna-XS.2's global and sliding-window layers.
-    attention(&b, &r, (16, 2, 256), 4000, None)?;
-    attention(&b, &r, (64, 8, 128), 4000, None)?;
-    attention(&b, &r, (48, 8, 128), 4000, Some(512))?;
-    moe(&b, &r, false)?;
-    moe(&b, &r, true)?;
+    if wanted("gemv") {
+        gemv(&b, &r)?;
+    }
+    if wanted("argmax") {
+        argmax(&b, &r)?;
+    }
+    if wanted("gdn") {
+        gdn(&b, &r)?;
+    }
+    if wanted("attention") {
+        // Qwen3.5-35B-A3B's full attention, then Laguna-XS.2's global layers (at 4000 and 32000
+        // keys) and its sliding-window layers.
+        attention(&b, &r, (16, 2, 256), 4000, None)?;
+        attention(&b, &r, (64, 8, 128), 4000, None)?;
+        attention(&b, &r, (64, 8, 128), 32000, None)?;
+        attention(&b, &r, (48, 8, 128), 4000, Some(512))?;
+    }
+    if wanted("moe") {
+        moe(&b, &r, false)?;
+        moe(&b, &r, true)?;
+    }
     Ok(())
 }

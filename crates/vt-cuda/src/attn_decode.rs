@@ -1,15 +1,19 @@
 //! Attention of one query token over its sequence's KV cache (kernels/attn_decode.cu): the cached
-//! positions are split over blocks (64 each) whose partial softmax results a second kernel merges,
-//! so decode reads the cache at memory speed whatever its length.
+//! positions are split over blocks (64 each, more for long caches) whose partial softmax results a
+//! second kernel merges, so decode reads the cache at memory speed whatever its length. The split
+//! kernel also writes the step's own key and value into the cache. Head dims 64, 128 and 256 run
+//! on tensor cores.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 use vt_core::Result;
 
 use crate::backend::{i32_of, SEQ_MAX};
+use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
 use crate::CudaBackend;
 
-/// `ATT_DEC_SPLIT`, `ATT_DEC_MAX_D` and `ATT_DEC_COMBINE_THREADS` of kernels/attn_decode.cu.
+/// The shortest split (positions), `ATT_DEC_MAX_D` and `ATT_DEC_COMBINE_THREADS` of
+/// kernels/attn_decode.cu.
 const SPLIT: usize = 64;
 const MAX_D: usize = 256;
 const COMBINE_THREADS: usize = 1024;
@@ -49,23 +53,25 @@ pub(crate) fn launch(
     recorded: Option<Recorded>,
 ) -> Result<()> {
     let visible = visible(start, window);
+    let split_kernel = SplitKernel::of(b, d, false)?;
     // A recording covers every position the cache can hold; the splits past the step's visible
     // ones write empty partials.
-    let splits = recorded.as_ref().map_or(visible, |r| r.rows.max(visible)).div_ceil(SPLIT);
+    let keys = recorded.as_ref().map_or(visible, |r| r.rows.max(visible));
+    let split = split_kernel.split_len(b, keys, kv_heads * (q_heads / kv_heads).div_ceil(split_kernel.heads));
+    let splits = keys.div_ceil(split);
     let start_at = recorded.map_or(0, |r| r.pos);
     let part = b.buffer(q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
-    let (hq, hkv, di, si, wi, sp) = (
+    let (hq, hkv, di, si, wi, sl, sp) = (
         i32_of(q_heads, "heads")?,
         i32_of(kv_heads, "kv heads")?,
         d as i32,
         i32_of(start, "position")?,
         i32_of(window, "window")?,
+        split as i32,
         i32_of(splits, "splits")?,
     );
-    // Query heads a block serves (H of attn_dec_split_h*): 4 up to d = 128, 1 above.
-    let (split, heads) = if d <= 128 { (&b.k().attn_dec_split_h4, 4) } else { (&b.k().attn_dec_split_h1, 1) };
-    let mut l = Overlapped::new(b, split);
+    let mut l = Overlapped::new(b, split_kernel.f);
     l.arg(&pp)
         .arg(&o.q)
         .arg(&o.k)
@@ -79,20 +85,19 @@ pub(crate) fn launch(
         .arg(&start_at)
         .arg(&wi)
         .arg(&scale)
+        .arg(&sl)
         .arg(&sp);
-    let blocks_per_kv = (q_heads / kv_heads).div_ceil(heads);
-    let cfg = LaunchConfig {
-        grid_dim: (splits as u32, (kv_heads * blocks_per_kv) as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: attn_dec_split_h{H}(float* part, q, k, v, kc, vc, int q_heads, int kv_heads, int d,
-    // int start, const int* start_at, int window, float scale, int splits) with H = heads: grid
-    // (splits, kv_heads * ceil(group / H)) of 128 threads covering the `visible` positions and
-    // every query head (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256
-    // (fits); q [1, q_heads, d], k/v [1, kv_heads, d], the cache holds every earlier visible
-    // position (kv.rs reserved it); part holds q_heads * splits * (d + 2) floats; start_at is 0 or
-    // a recording's position. The kernel starts with grid_dep_begin.
+    let cfg = split_kernel.config(splits, kv_heads, q_heads / kv_heads, 1);
+    // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, kc, vc, int q_heads,
+    // int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
+    // int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H)) of 128
+    // threads with the kernel's dynamic shared memory (allowed by SplitKernel::of), splits of
+    // `split` (a multiple of 64) positions covering the `visible` ones, and every query head
+    // (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
+    // d], k/v [1, kv_heads, d]; the cache holds every earlier visible position and has a row
+    // reserved for `start`, which the kernel writes (kv.rs reserved it); part holds q_heads *
+    // splits * (d + 2) floats; start_at is 0 or a recording's position. The kernel starts with
+    // grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
     combine(b, o.out, pp, q_heads, d, splits)
 }
@@ -112,29 +117,29 @@ pub(crate) fn launch_seqs(
     scale: f32,
 ) -> Result<()> {
     let seqs = kv.len;
-    let splits = kv.starts[..seqs].iter().map(|&s| visible(s as usize, window)).max().unwrap_or(1).div_ceil(SPLIT);
+    let split_kernel = SplitKernel::of(b, d, true)?;
+    let keys = kv.starts[..seqs].iter().map(|&s| visible(s as usize, window)).max().unwrap_or(1);
+    let split = split_kernel.split_len(b, keys, seqs * kv_heads * (q_heads / kv_heads).div_ceil(split_kernel.heads));
+    let splits = keys.div_ceil(split);
     let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
-    let (hq, hkv, di, wi, sp) = (
+    let (hq, hkv, di, wi, sl, sp) = (
         i32_of(q_heads, "heads")?,
         i32_of(kv_heads, "kv heads")?,
         d as i32,
         i32_of(window, "window")?,
+        split as i32,
         i32_of(splits, "splits")?,
     );
-    let (split, heads) = if d <= 128 { (&b.k().attn_dec_split_seqs_h4, 4) } else { (&b.k().attn_dec_split_seqs_h1, 1) };
-    let mut l = Overlapped::new(b, split);
+    let mut l = Overlapped::new(b, split_kernel.f);
     l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&kv.keys).arg(&kv.values).arg(&kv.starts);
-    l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sp);
-    let blocks_per_kv = (q_heads / kv_heads).div_ceil(heads);
-    let cfg = LaunchConfig {
-        grid_dim: (splits as u32, (kv_heads * blocks_per_kv) as u32, seqs as u32),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: attn_dec_split_seqs_h{H}(float* part, q, k, v, SeqPtrs kc, SeqPtrs vc, SeqInts
-    // start, int q_heads, int kv_heads, int d, int window, float scale, int splits) with H =
-    // heads: grid (splits, kv_heads * ceil(group / H), seqs <= SEQ_MAX) of 128 threads, the splits
+    l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sl).arg(&sp);
+    let cfg = split_kernel.config(splits, kv_heads, q_heads / kv_heads, seqs);
+    // SAFETY: attn_dec_split_seqs_h{H} / attn_dec_mma_seqs_d{d}(float* part, q, k, v, SeqPtrs kc,
+    // SeqPtrs vc, SeqInts start, int q_heads, int kv_heads, int d, int window, float scale, int
+    // split, int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H),
+    // seqs <= SEQ_MAX) of 128 threads with the kernel's dynamic shared memory (allowed by
+    // SplitKernel::of), each cache's row for its start written by the kernel, the splits
     // covering every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d];
     // cache i (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and
     // room for start i (kv.rs reserved it); part holds seqs * q_heads * splits * (d + 2) floats;
@@ -143,6 +148,69 @@ pub(crate) fn launch_seqs(
     unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
     // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to merge.
     combine(b, o.out, pp, seqs * q_heads, d, splits)
+}
+
+/// The kernel that writes a decode step's split partials for head dim `d`.
+struct SplitKernel<'a> {
+    f: &'a CudaFunction,
+    /// Query heads of one KV head a block serves.
+    heads: usize,
+    shared: usize,
+}
+
+impl<'a> SplitKernel<'a> {
+    /// Tensor cores at d = 64, 128 and 256 (16 heads a block: the MMA's rows); else the CUDA-core
+    /// kernel, 4 heads a block up to d = 128 and 1 above (`seqs`: the batched variants).
+    fn of(b: &'a CudaBackend, d: usize, seqs: bool) -> Result<Self> {
+        let k = b.k();
+        let mma = match (d, seqs) {
+            (64, false) => Some(&k.attn_dec_mma_d64),
+            (128, false) => Some(&k.attn_dec_mma_d128),
+            (256, false) => Some(&k.attn_dec_mma_d256),
+            (64, true) => Some(&k.attn_dec_mma_seqs_d64),
+            (128, true) => Some(&k.attn_dec_mma_seqs_d128),
+            (256, true) => Some(&k.attn_dec_mma_seqs_d256),
+            _ => None,
+        };
+        if let Some(f) = mma {
+            let shared = mma_shared(d);
+            allow_shared(f, shared, "attn_dec_mma")?;
+            return Ok(SplitKernel { f, heads: 16, shared });
+        }
+        let (f, heads) = match (d <= 128, seqs) {
+            (true, false) => (&k.attn_dec_split_h4, 4),
+            (false, false) => (&k.attn_dec_split_h1, 1),
+            (true, true) => (&k.attn_dec_split_seqs_h4, 4),
+            (false, true) => (&k.attn_dec_split_seqs_h1, 1),
+        };
+        Ok(SplitKernel { f, heads, shared: 0 })
+    }
+
+    /// Positions per split over `keys` positions, for `rows` blocks per split (KV heads' blocks
+    /// times sequences): 64, doubled while the launch has more than 4 blocks per SM. (H200, 64 / 8
+    /// heads at d = 128: 4000 keys take 16.0 µs in splits of 64 and 19.7 in splits of 256; 32000
+    /// keys take 96.8 µs in splits of 64, 51.7 in 256, 41.8 in 512 and 52.2 in 1024.)
+    fn split_len(&self, b: &CudaBackend, keys: usize, rows: usize) -> usize {
+        let mut split = SPLIT;
+        while split < keys && keys.div_ceil(split) * rows > 4 * b.k().sm_count {
+            split *= 2;
+        }
+        split
+    }
+
+    fn config(&self, splits: usize, kv_heads: usize, group: usize, seqs: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (splits as u32, (kv_heads * group.div_ceil(self.heads)) as u32, seqs as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: self.shared as u32,
+        }
+    }
+}
+
+/// `ATT_MMA_SHARED(d)` of kernels/attn_decode.cu: the 16 query rows and each of the 4 warps' K and
+/// V tiles of 16 keys, bf16.
+fn mma_shared(d: usize) -> usize {
+    16 * d * 2 + 4 * 2 * 16 * d * 2
 }
 
 /// Per-sequence caches of a batched decode launch, as its kernels take them by value.

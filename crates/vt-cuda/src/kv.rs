@@ -161,10 +161,13 @@ pub(crate) fn attention(
         head_dim as i32,
         i32_of(start, "position")?,
     );
+    // The decode split kernels append the step's row themselves; the others leave it to kv_append.
+    let mut appended = false;
     if crate::flash::fits(t, head_dim, b.k().max_shared) {
         let ops = crate::flash::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
         crate::flash::launch(b, &ops, ti, hq, hkv, head_dim, s, window, p.scale)?;
     } else if crate::attn_decode::fits(t, head_dim) {
+        appended = true;
         let ops = crate::attn_decode::Operands { out: po, q: pq, k: pk, v: pv, kc, vc };
         let rec = start_at.map(|pos| crate::attn_decode::Recorded { pos, rows: cache.capacity });
         crate::attn_decode::launch(
@@ -206,14 +209,17 @@ pub(crate) fn attention(
         // in the ring); start_at is 0 or a recording's position, one its replays check fits.
         launched(unsafe { l.launch(cfg) }, "attention")?;
     }
-    let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
-    let mut l = Overlapped::new(b, &b.k().kv_append);
-    l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&start_ptr).arg(&window);
-    // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,
-    // int start, const int* start_at, int window): writes rows start..start+t (mod window) of a
-    // cache reserved for them (a recording's position is one its replays check fits); queued after
-    // the attention kernel, which reads the rows it may overwrite; the kernel starts with grid_dep_begin.
-    unsafe { l.launch(grid1(t * cache.kv_heads * head_dim), "kv_append")? };
+    if !appended {
+        let row = i32_of(cache.kv_heads * head_dim, "cache row")?;
+        let mut l = Overlapped::new(b, &b.k().kv_append);
+        l.arg(&kc).arg(&vc).arg(&pk).arg(&pv).arg(&ti).arg(&row).arg(&s).arg(&start_ptr).arg(&window);
+        // SAFETY: kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row,
+        // int start, const int* start_at, int window): writes rows start..start+t (mod window) of a
+        // cache reserved for them (a recording's position is one its replays check fits); queued
+        // after the attention kernel, which reads the rows it may overwrite; the kernel starts with
+        // grid_dep_begin.
+        unsafe { l.launch(grid1(t * cache.kv_heads * head_dim), "kv_append")? };
+    }
     match (recording, cache.recorded()) {
         // The recorded step has not run: each replay advances the cache.
         (Some(r), Some(c)) => r.add_cache(c),
@@ -276,9 +282,7 @@ pub(crate) fn attention_decode(
     let out = b.empty(DType::BF16, q.shape())?;
     let (qr, kr) = (b.empty(DType::BF16, q.shape())?, b.empty(DType::BF16, k.shape())?);
     let (q_row, kv_row) = ((q_heads * head_dim * 2) as u64, (kv_heads * head_dim * 2) as u64);
-    let row = i32_of(kv_heads * head_dim, "cache row")?;
     let w = window.unwrap_or(0);
-    let wi = i32_of(w, "window")?;
     for (c, chunk) in caches.chunks_mut(SEQ_MAX).enumerate() {
         let first = (c * SEQ_MAX) as u64;
         let mut kv = SeqCaches { keys: [0; SEQ_MAX], values: [0; SEQ_MAX], starts: [0; SEQ_MAX], len: chunk.len() };
@@ -296,16 +300,8 @@ pub(crate) fn attention_decode(
         };
         rope_seqs(b, ops.q, pq + first * q_row, kv.len, q_heads, head_dim, &kv.starts, rope)?;
         rope_seqs(b, ops.k, pk + first * kv_row, kv.len, kv_heads, head_dim, &kv.starts, rope)?;
+        // The split kernel appends each sequence's row.
         crate::attn_decode::launch_seqs(b, &ops, &kv, q_heads, kv_heads, head_dim, w, p.scale)?;
-        let ti = kv.len as i32;
-        let mut l = Overlapped::new(b, &b.k().kv_append_seqs);
-        l.arg(&kv.keys).arg(&kv.values).arg(&ops.k).arg(&ops.v).arg(&ti).arg(&row).arg(&kv.starts).arg(&wi);
-        // SAFETY: kv_append_seqs(SeqPtrs kc, SeqPtrs vc, const bf16* k, const bf16* v, int t, int
-        // row, SeqInts start, int window): t = kv.len <= SEQ_MAX rows of `row` values in k and v,
-        // row i into cache i at its position (mod window), which reserve(1) made room for; queued
-        // after the attention kernel, which reads the rows it may overwrite; the kernel starts with
-        // grid_dep_begin.
-        unsafe { l.launch(grid1(kv.len * kv_heads * head_dim), "kv_append_seqs")? };
         for cache in chunk.iter_mut() {
             cache.len += 1;
         }
