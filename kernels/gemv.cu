@@ -207,12 +207,16 @@ template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, con
 // Block: GEMV_MMA_WARPS warps on M 16-row tiles, warp j taking every GEMV_MMA_WARPS-th 32-input
 // chunk from chunk j (so the block reads each row 1 KB a round; a warp per tile, reading its rows
 // 128 bytes a round, kept so many rows open that a lm_head took 1.5x as long); the warps' sums
-// are added in a fixed order. k % 32 == 0.
+// are added in a fixed order. k % 32 == 0. NB column tiles of 8 tokens: NB = 2 takes up to
+// GEMV_MMA_MAX_T tokens, each weight fragment serving both tiles' MMAs (a decode batch of 9 to 16
+// sequences then reads every weight once, where cuBLASLt's GEMMs ran at 1/3 to 1/2 of the bytes
+// rate, H200).
 #define GEMV_MMA_WARPS 8
-template <int M> __device__ void gemv_mma(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
+#define GEMV_MMA_MAX_T 16
+template <int M, int NB> __device__ void gemv_mma(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     constexpr int U = 4 / M;  // chunks a lane loads before it computes: 8 x 16 bytes in flight
     constexpr int STEP = GEMV_MMA_WARPS * U;
-    __shared__ float part[GEMV_MMA_WARPS][M][4][32];
+    __shared__ float part[GEMV_MMA_WARPS][M][NB][4][32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     int r0 = block * 16 * M;
     const bf16* rows[M][2];
@@ -220,12 +224,16 @@ template <int M> __device__ void gemv_mma(void* y, int ld, bool f32_out, const b
     for (int m = 0; m < M; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) rows[m][h] = (const bf16*)w.data + (long long)min(r0 + 16 * m + 8 * h + g, n - 1) * w.k + 8 * q;
-    const bf16* xrow = x + (long long)min(g, t - 1) * w.k + 8 * q;
-    float acc[M][4];
+    const bf16* xrow[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) xrow[nb] = x + (long long)min(8 * nb + g, t - 1) * w.k + 8 * q;
+    float acc[M][NB][4];
 #pragma unroll
     for (int m = 0; m < M; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][nb][i] = 0.0f;
     int nc = w.k / 32;
     uint4 wv[U][M][2];
     auto load_round = [&](int c0) {
@@ -246,43 +254,55 @@ template <int M> __device__ void gemv_mma(void* y, int ld, bool f32_out, const b
         for (int u = 0; u < U; u++) {
             int c = c0 + GEMV_MMA_WARPS * u;
             if (c >= nc) break;
-            uint4 xv = g < t ? *(const uint4*)(xrow + c * 32) : make_uint4(0, 0, 0, 0);
+            uint4 xv[NB];
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) xv[nb] = 8 * nb + g < t ? *(const uint4*)(xrow[nb] + c * 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 const uint4 &lo = wv[u][m][0], &hi = wv[u][m][1];
                 unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
-                mma_bf16(acc[m], a0, xv.x, xv.y);
-                mma_bf16(acc[m], a1, xv.z, xv.w);
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    mma_bf16(acc[m][nb], a0, xv[nb].x, xv[nb].y);
+                    mma_bf16(acc[m][nb], a1, xv[nb].z, xv[nb].w);
+                }
             }
         }
     }
 #pragma unroll
     for (int m = 0; m < M; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[warp][m][nb][i][lane] = acc[m][nb][i];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
     for (int m = 0; m < M; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float sum = 0.0f;
+        for (int nb = 0; nb < NB; nb++)
 #pragma unroll
-            for (int j = 0; j < GEMV_MMA_WARPS; j++) sum += part[j][m][i][lane];
-            int row = r0 + 16 * m + g + 8 * (i >> 1), tok = 2 * q + (i & 1);
-            if (row < n && tok < t) store_y(y, f32_out, (long long)tok * ld + row, sum);
-        }
+            for (int i = 0; i < 4; i++) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < GEMV_MMA_WARPS; j++) sum += part[j][m][nb][i][lane];
+                int row = r0 + 16 * m + g + 8 * (i >> 1), tok = 8 * nb + 2 * q + (i & 1);
+                if (row < n && tok < t) store_y(y, f32_out, (long long)tok * ld + row, sum);
+            }
 }
 
-template <int M> __device__ void gemv_mma_parts(const GemvParts& p, const bf16* x, int t) {
+template <int M, int NB> __device__ void gemv_mma_parts(const GemvParts& p, const bf16* x, int t) {
     grid_dep_trigger();
     int part = part_of(p);
-    gemv_mma<M>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+    gemv_mma<M, NB>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
 }
 
-// One 16-row tile per block, or two (layers of many rows: each input chunk then serves 32 rows).
-extern "C" __global__ void gemv_bf16_mma1(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1>(p, x, t); }
-extern "C" __global__ void gemv_bf16_mma2(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2>(p, x, t); }
+// One 16-row tile per block, or two (layers of many rows: each input chunk then serves 32 rows);
+// up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T.
+extern "C" __global__ void gemv_bf16_mma1(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1, 1>(p, x, t); }
+extern "C" __global__ void gemv_bf16_mma2(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2, 1>(p, x, t); }
+extern "C" __global__ void gemv_bf16_mma1_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1, 2>(p, x, t); }
+extern "C" __global__ void gemv_bf16_mma2_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2, 2>(p, x, t); }
 
 // Up to GEMV_MAX_T tokens; the _t1 kernels take one token with a single accumulator per row: 60
 // registers a thread instead of 84 for bf16 (113 instead of 177 for NVFP4), so more blocks, and

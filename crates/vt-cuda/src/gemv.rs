@@ -11,8 +11,10 @@ use crate::launch::Overlapped;
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// Most tokens of one GEMV call (`GEMV_MAX_T`).
+/// Most tokens of one GEMV call (`GEMV_MAX_T`) on CUDA cores, and on tensor cores
+/// (`GEMV_MMA_MAX_T`: two 8-token MMA column tiles).
 pub(crate) const MAX_T: usize = 8;
+const MMA_MAX_T: usize = 16;
 /// Most weights of one launch (`GEMV_MAX_PARTS`).
 pub(crate) const MAX_PARTS: usize = 4;
 /// Rows per warp (`GEMV_ROWS`); a block's 4 warps take 4 / ks row pairs, ks warps per pair.
@@ -71,7 +73,8 @@ struct Tiling<'a> {
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole 32-code
 /// chunks) for `t` tokens in a launch of `rows` rows, and its tiling; `None` where none does. One
 /// token has its own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens bf16 rows
-/// of whole 32-input chunks take the tensor-core kernels.
+/// of whole 32-input chunks take the tensor-core kernels, up to MMA_MAX_T (the other kernels up
+/// to MAX_T).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
     let cores = |f| {
@@ -82,13 +85,19 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
         };
         Some(Tiling { f, group_rows: ROWS_PER_GROUP, warps: 4, ks })
     };
+    let kf = b.k();
     match w {
-        _ if t == 0 || t > MAX_T => None,
+        _ if t == 0 || t > MMA_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
-            let (f, tiles) =
-                if rows >= MMA_TWO_TILES_ROWS { (&b.k().gemv_bf16_mma2, 2) } else { (&b.k().gemv_bf16_mma1, 1) };
+            let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > MAX_T) {
+                (true, false) => (&kf.gemv_bf16_mma2, 2),
+                (false, false) => (&kf.gemv_bf16_mma1, 1),
+                (true, true) => (&kf.gemv_bf16_mma2_t16, 2),
+                (false, true) => (&kf.gemv_bf16_mma1_t16, 1),
+            };
             Some(Tiling { f, group_rows: 16 * tiles, warps: MMA_WARPS, ks: MMA_WARPS })
         }
+        _ if t > MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
             cores(if one { &b.k().gemv_bf16_t1 } else { &b.k().gemv_bf16 })
         }
@@ -181,9 +190,9 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         shared_mem_bytes: 0,
     };
     // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks
-    // rows per block; gemv_bf16_mma{1,2}(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
+    // rows per block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
     // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T
-    // (t = 1 for _t1); every desc describes a live [n_i, k] weight of this kernel's format whose
+    // (t = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose
     // rows are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core
     // kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs are
     // [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads only

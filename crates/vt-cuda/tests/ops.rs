@@ -547,15 +547,16 @@ fn linear_decode_gemv_few_tokens() {
     // Rows not a multiple of a block's rows, inputs of several 4-chunk batches and a tail; few
     // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair);
     // lm_head-like rows, where one token takes the t <= 8 kernel. From 3 tokens bf16 rows take the
-    // tensor-core kernels (one 16-row tile a block, two from 8192 rows), except rows of 520
-    // inputs (not whole 32-input chunks), which stay on the CUDA cores.
+    // tensor-core kernels (one 16-row tile a block, two from 8192 rows; 12 and 16 tokens two
+    // 8-token column tiles), except rows of 520 inputs (not whole 32-input chunks), which stay on
+    // the CUDA cores (and past 8 tokens go to cuBLASLt, as NVFP4 goes to its tensor-core GEMM).
     for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64), (45, 520)] {
         let mut weights = vec![HostWeight::bf16(&mut r, n, k)];
         if k % 32 == 0 {
             weights.push(HostWeight::nvfp4(&mut r, n, k)); // NVFP4 rows are whole 32-code chunks
         }
         for hw in weights {
-            for t in [1, 2, 3, 8] {
+            for t in [1, 2, 3, 8, 12, 16] {
                 let x = r.vec(t * k, 2.0);
                 on_both!(gpu, &format!("linear gemv {} [{n}, {k}] t={t}", hw.name()), U, |b| {
                     let lin = Linear::new(b, hw.upload(b)).unwrap();
@@ -576,7 +577,7 @@ fn linear_many_shares_one_pass_over_the_input() {
     let bf16 = [(512, k), (37, k), (1, k), (96, k)].map(|(n, k)| HostWeight::bf16(&mut r, n, k));
     let mixed = [HostWeight::nvfp4(&mut r, 64, k), HostWeight::bf16(&mut r, 40, k)];
     for (group, ws) in [("bf16 x4", &bf16[..]), ("nvfp4 + bf16", &mixed[..])] {
-        for t in [1, 5] {
+        for t in [1, 5, 13] {
             let x = r.vec(t * k, 2.0);
             on_both!(gpu, &format!("linear_many {group} t={t}"), U, |b| {
                 let lins: Vec<_> = ws.iter().map(|w| Linear::new(b, w.upload(b)).unwrap()).collect();
