@@ -3,7 +3,8 @@
 # A B A B, so that the drift between device calls (one binary's TPOT has moved 2.94-3.20 ms from
 # call to call) does not pass for a difference. Each folder holds a `decode_bench` and a `vt`
 # (tools/gpu/build.sh's output, or those two copied from another build). Per round: decode_bench's
-# rows matching AB_ROWS (grep -E; default the MoE layer and attention decode rows) and `vt bench`
+# rows matching AB_ROWS (grep -E; default the MoE layer and attention decode rows; AB_CASES, e.g.
+# `moe,attention`, runs only those benchmark families: decode_bench's VT_BENCH_CASES) and `vt bench`
 # at batch 1 on each config of AB_CONFIGS. Logs go to $OUT (or /tmp/vt-gpu); the table
 # (tools/gpu/ab_table.py: per-side medians over AB_ROUNDS rounds, and B / A) is printed last.
 #   bash tools/gpu/ab_decode.sh .gpu/base .gpu/bin      (carry [".gpu"])
@@ -18,7 +19,7 @@ configs=${AB_CONFIGS:-tools/gpu/configs/qwen3_5_35b_a3b tools/gpu/configs/laguna
 for round in $(seq "${AB_ROUNDS:-2}"); do
     for side in A B; do
         dir=$1; [ $side = B ] && dir=$2
-        timeout "${BENCH_TIMEOUT:-120}" "$dir/decode_bench" >"$logs/ab_decode_bench_${side}_$round.log" 2>&1 ||
+        env ${AB_CASES:+VT_BENCH_CASES="$AB_CASES"} timeout "${BENCH_TIMEOUT:-120}" "$dir/decode_bench" >"$logs/ab_decode_bench_${side}_$round.log" 2>&1 ||
             echo "decode_bench $side: rc=$?"
         grep -E "$rows" "$logs/ab_decode_bench_${side}_$round.log" | sed "s/^/$side | /" >>"$logs/ab.txt"
         for cfg in $configs; do
