@@ -20,10 +20,9 @@ use vt_cuda::CudaBackend;
 
 type B = CudaBackend;
 
-/// Whether the case kind `kind` is among `VT_BENCH_CASES` (all when unset).
-fn wanted(kind: &str) -> bool {
-    std::env::var("VT_BENCH_CASES").map_or(true, |v| v.split(',').any(|c| c.trim() == kind))
-}
+#[path = "common/cases.rs"]
+mod cases;
+use cases::wanted;
 
 /// Qwen3.5-35B-A3B.
 const H: usize = 2048;

@@ -23,10 +23,9 @@ fn runs() -> (usize, usize) {
     (var("VT_BENCH_WARMUP", 3), var("VT_BENCH_ITERS", 20))
 }
 
-/// Whether the case kind `kind` is among `VT_BENCH_CASES` (all when unset).
-fn wanted(kind: &str) -> bool {
-    std::env::var("VT_BENCH_CASES").map_or(true, |v| v.split(',').any(|c| c.trim() == kind))
-}
+#[path = "common/cases.rs"]
+mod cases;
+use cases::wanted;
 
 /// A pool of random bf16 values (uniform in [-1, 1)); weights are windows of it, scaled.
 struct Pool(Vec<u16>);

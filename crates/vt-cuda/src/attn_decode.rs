@@ -57,7 +57,8 @@ pub(crate) fn launch(
     // A recording covers every position the cache can hold; the splits past the step's visible
     // ones write empty partials.
     let keys = recorded.as_ref().map_or(visible, |r| r.rows.max(visible));
-    let split = split_kernel.split_len(b, keys, kv_heads * (q_heads / kv_heads).div_ceil(split_kernel.heads));
+    let head_blocks = split_kernel.head_blocks(q_heads, kv_heads);
+    let split = split_kernel.split_len(b, keys, head_blocks);
     let splits = keys.div_ceil(split);
     let start_at = recorded.map_or(0, |r| r.pos);
     let part = b.buffer(q_heads * splits * (d + 2) * 4)?;
@@ -87,7 +88,7 @@ pub(crate) fn launch(
         .arg(&scale)
         .arg(&sl)
         .arg(&sp);
-    let cfg = split_kernel.config(splits, kv_heads, q_heads / kv_heads, 1);
+    let cfg = split_kernel.config(splits, head_blocks, 1);
     // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, kc, vc, int q_heads,
     // int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
     // int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H)) of 128
@@ -119,7 +120,8 @@ pub(crate) fn launch_seqs(
     let seqs = kv.len;
     let split_kernel = SplitKernel::of(b, d, true)?;
     let keys = kv.starts[..seqs].iter().map(|&s| visible(s as usize, window)).max().unwrap_or(1);
-    let split = split_kernel.split_len(b, keys, seqs * kv_heads * (q_heads / kv_heads).div_ceil(split_kernel.heads));
+    let head_blocks = split_kernel.head_blocks(q_heads, kv_heads);
+    let split = split_kernel.split_len(b, keys, seqs * head_blocks);
     let splits = keys.div_ceil(split);
     let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
@@ -134,7 +136,7 @@ pub(crate) fn launch_seqs(
     let mut l = Overlapped::new(b, split_kernel.f);
     l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&kv.keys).arg(&kv.values).arg(&kv.starts);
     l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sl).arg(&sp);
-    let cfg = split_kernel.config(splits, kv_heads, q_heads / kv_heads, seqs);
+    let cfg = split_kernel.config(splits, head_blocks, seqs);
     // SAFETY: attn_dec_split_seqs_h{H} / attn_dec_mma_seqs_d{d}(float* part, q, k, v, SeqPtrs kc,
     // SeqPtrs vc, SeqInts start, int q_heads, int kv_heads, int d, int window, float scale, int
     // split, int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H),
@@ -198,9 +200,14 @@ impl<'a> SplitKernel<'a> {
         split
     }
 
-    fn config(&self, splits: usize, kv_heads: usize, group: usize, seqs: usize) -> LaunchConfig {
+    /// Blocks per split of one sequence: each KV head's query heads, `heads` a block.
+    fn head_blocks(&self, q_heads: usize, kv_heads: usize) -> usize {
+        kv_heads * (q_heads / kv_heads).div_ceil(self.heads)
+    }
+
+    fn config(&self, splits: usize, head_blocks: usize, seqs: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (splits as u32, (kv_heads * group.div_ceil(self.heads)) as u32, seqs as u32),
+            grid_dim: (splits as u32, head_blocks as u32, seqs as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: self.shared as u32,
         }

@@ -99,9 +99,9 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
         }
         _ if t > MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
-            cores(if one { &b.k().gemv_bf16_t1 } else { &b.k().gemv_bf16 })
+            cores(if one { &kf.gemv_bf16_t1 } else { &kf.gemv_bf16 })
         }
-        Weight::Nvfp4(_) if k.is_multiple_of(32) => cores(if one { &b.k().gemv_nvfp4_t1 } else { &b.k().gemv_nvfp4 }),
+        Weight::Nvfp4(_) if k.is_multiple_of(32) => cores(if one { &kf.gemv_nvfp4_t1 } else { &kf.gemv_nvfp4 }),
         _ => None,
     }
 }
@@ -192,8 +192,8 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks
     // rows per block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
     // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T
-    // (t = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose
-    // rows are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core
+    // (t = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight
+    // of this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core
     // kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs are
     // [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads only
     // weights before grid_dep_wait.
