@@ -6,12 +6,13 @@
 #define ATT_DEC_MAX_D 256
 
 // The step's own k and v rows (KV head kvh) into the cache at `start` (row start % window of a
-// ring), so that no kv_append launch follows: written by the one block of the KV head whose split
-// holds `start` (`writer`). No block of the launch reads that row: the query's own key comes from
-// k and v, and a ring's row start % window holds a position the window no longer sees.
-__device__ __forceinline__ void append_own_row(bool writer, bf16* kc, bf16* vc, const bf16* k, const bf16* v, int kvh, int d, long long row,
-                                               int start, int window) {
-    if (!writer) return;
+// ring), so that no kv_append launch follows: written by the one block of the KV head (its `lead`
+// block) whose split [p0, p1) holds `start`. No block of the launch reads that row: the query's own
+// key comes from k and v, and a ring's row start % window holds a position the window no longer
+// sees.
+__device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int kvh, int d, long long row, int start,
+                                               int window, int p0, int p1, bool lead) {
+    if (!(lead && p0 <= start && p1 == start + 1)) return;
     long long at = (window > 0 ? start % window : start) * row + kvh * d;
     for (int j = threadIdx.x; j < d / 8; j += blockDim.x) {
         *(uint4*)(kc + at + 8 * j) = *(const uint4*)(k + kvh * d + 8 * j);
@@ -21,8 +22,8 @@ __device__ __forceinline__ void append_own_row(bool writer, bf16* kc, bf16* vc, 
 // part[(h * splits + s) * (d + 2) + j]: j < d the split's output (sum of exp(score - m) * v),
 // j = d its max m, j = d + 1 its sum of exp(score - m), split s covering `split` positions (a
 // multiple of 16). Grid (splits, kv_heads * ceil(group / H)), 128 threads (4 warps, each 4
-// positions at a time with their K and V rows in flight): block y serves query heads h0 .. h0 + nh - 1 (nh <= H) of KV head
-// y / ceil(group / H), and each K and V row it loads serves all of them, so a GQA group of G heads
+// positions at a time with their K and V rows in flight): block y serves query heads
+// h0 .. h0 + nh - 1 (nh <= H) of KV head y / ceil(group / H), and each K and V row it loads serves all of them, so a GQA group of G heads
 // reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
 // position `start` (or `*start_at` when that is not null), its own k/v in k, v. Splits past the
 // visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0: a
@@ -40,7 +41,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     int h0 = kvh * group + blockIdx.y % per_kv * H, nh = min(H, (kvh + 1) * group - h0), row = kv_heads * d;
     int lo = window > 0 ? max(0, start + 1 - window) : 0;
     int p0 = lo + s * split, p1 = min(p0 + split, start + 1);
-    append_own_row(p1 == start + 1 && p0 <= start && blockIdx.y % per_kv == 0, kc, vc, k, v, kvh, d, row, start, window);
+    append_own_row(kc, vc, k, v, kvh, d, row, start, window, p0, p1, blockIdx.y % per_kv == 0);
     bool on = lane * 8 < d;
     float qf[H][8], acc[H][8], m[H], l[H];
 #pragma unroll
@@ -211,7 +212,7 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
     int pt = b0 + ATT_MMA_KEYS * warp;
     load(sk, k, kc, pt);
     load(sv, v, vc, pt);
-    append_own_row(p1 == start + 1 && b0 <= start && blockIdx.y % per_kv == 0, kc, vc, k, v, kvh, D, row, start, window);
+    append_own_row(kc, vc, k, v, kvh, D, row, start, window, b0, p1, blockIdx.y % per_kv == 0);
     cp_async_wait<0>();
     __syncthreads();  // Q and this warp's first tiles are in
 
