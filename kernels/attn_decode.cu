@@ -23,8 +23,8 @@ __device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k
 // j = d its max m, j = d + 1 its sum of exp(score - m), split s covering `split` positions (a
 // multiple of 16). Grid (splits, kv_heads * ceil(group / H)), 128 threads (4 warps, each 4
 // positions at a time with their K and V rows in flight): block y serves query heads
-// h0 .. h0 + nh - 1 (nh <= H) of KV head y / ceil(group / H), and each K and V row it loads serves all of them, so a GQA group of G heads
-// reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
+// h0 .. h0 + nh - 1 (nh <= H) of KV head y / ceil(group / H), and each K and V row it loads
+// serves all of them, so a GQA group of G heads reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
 // position `start` (or `*start_at` when that is not null), its own k/v in k, v. Splits past the
 // visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0: a
 // recorded step sizes its grid for the cache's capacity once.
