@@ -506,8 +506,10 @@ __device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* sl
 // every warp's chunk reads find them at once (read from global memory, each of those reads waited
 // on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its chunks in
 // registers (210 of them), so one block of it fits an SM without spilling.
-// Slots of one launch: t <= GEMV_MAX_T tokens of top_k + 1 (shared) slots at most.
-#define MOE_DEC_SLOTS (GEMV_MAX_T * (ROUTE_MAX_K + 1))
+// Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
+// of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
+#define MOE_DEC_MAX_T 16
+#define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
 #define MOE_DEC_THREADS 256
 #define MOE_DEC_WAVE_BF16 2
 #define MOE_DEC_WAVE_NVFP4 1

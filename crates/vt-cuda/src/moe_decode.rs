@@ -17,9 +17,13 @@ use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
+/// Most tokens of the fused block (`MOE_DEC_MAX_T`): past the CUDA-core GEMV's MAX_T, the router's
+/// logits need the tensor-core GEMV (rows of whole 32-input chunks).
+const MOE_MAX_T: usize = 16;
+
 /// The down kernel's static shared memory: a `WeightDesc` (32 bytes) and a multiplier per slot of
-/// `MOE_DEC_SLOTS` (GEMV_MAX_T x (ROUTE_MAX_K + 1), kernels/gemv.cu).
-const DOWN_STATIC_SHARED: usize = MAX_T * (MAX_TOP_K + 1) * (32 + 4);
+/// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/gemv.cu).
+const DOWN_STATIC_SHARED: usize = MOE_MAX_T * (MAX_TOP_K + 1) * (32 + 4);
 
 /// Whether the down kernel can stage a token's `slots` activation rows of `inter` floats in the
 /// dynamic shared memory a block may use on this device (`max_shared`).
@@ -59,7 +63,7 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     fp4
 }
 
-/// The fused block when the kernels take it (t <= GEMV_MAX_T, bf16 router, one expert format, a
+/// The fused block when the kernels take it (t <= MOE_DEC_MAX_T, bf16 router, one expert format, a
 /// shared expert of the routed experts' width, a token's activations within the device's shared
 /// memory per block); `None` sends the caller to the composed ops.
 pub(crate) fn moe_block(
@@ -82,7 +86,8 @@ pub(crate) fn moe_block(
     });
     let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
-    let fits = (1..=MAX_T).contains(&t)
+    let fits = (1..=MOE_MAX_T).contains(&t)
+        && (t <= MAX_T || h % 32 == 0)
         && x.last_dim() == h
         && n_exp <= ROUTE_MAX_EXPERTS
         && (1..=MAX_TOP_K.min(n_exp)).contains(&top_k)

@@ -602,11 +602,11 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
     // 40 experts, fewer than the routing block's 128 threads; 64 hidden, 32 intermediate: whole
     // NVFP4 chunks for every matrix. 300 experts: a routing block of 320 threads. Then a layer of
     // real proportions: 128 experts, rows of 1024 and 256 (several load rounds per lane, a down row
-    // over many chunks), at 1 and 8 tokens.
+    // over many chunks), at 1, 8, 12 and 16 tokens (past 8, logits from the tensor-core GEMV).
     for (h, inter, n_exp, shared_cases) in [
         (64, 32, 40, &every_shared[..]),
         (64, 32, 300, &[("gated", 3)]),
-        (1024, 256, 128, &[("gated", 1), ("gated", 8)]),
+        (1024, 256, 128, &[("gated", 1), ("gated", 8), ("plain", 12), ("gated", 16)]),
     ] {
         let router_w = HostWeight::bf16(&mut r, n_exp, h);
         let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
