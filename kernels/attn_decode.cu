@@ -24,10 +24,11 @@ __device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k
 // multiple of 16). Grid (splits, kv_heads * ceil(group / H)), 128 threads (4 warps, each 4
 // positions at a time with their K and V rows in flight): block y serves query heads
 // h0 .. h0 + nh - 1 (nh <= H) of KV head y / ceil(group / H), and each K and V row it loads
-// serves all of them, so a GQA group of G heads reads the cache G / H times, not G times. d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at
-// position `start` (or `*start_at` when that is not null), its own k/v in k, v. Splits past the
-// visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0: a
-// recorded step sizes its grid for the cache's capacity once.
+// serves all of them, so a GQA group of G heads reads the cache G / H times, not G times.
+// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start` (or `*start_at` when that
+// is not null), its own k/v in k, v. Splits past the visible positions write an empty partial
+// (max -inf, sum 0), which the combine weighs 0: a recorded step sizes its grid for the cache's
+// capacity once.
 template <int H>
 __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,
                                                int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
