@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Peers of vt's decode kernels (crates/vt-cuda/examples/decode_bench.rs) on the same shapes, in the
 same device call: the Hugging Face transformers Qwen3.5-MoE sparse block (its own eager speed,
-synchronised per call, as a user sees it), flash-linear-attention's fused_recurrent_gated_delta_rule,
+synchronised per call, as a user sees it), flash-linear-attention's fused_recurrent_gated_delta_rule
+(alone, and after its causal_conv1d_update with the gates fused: vt's step),
 torch F.linear (cuBLAS) and SDPA decode (device time, queued behind torch.cuda._sleep as vt's
 bench queues behind a spin). Writes `name µs` lines to OUT/peers.txt for decode_bench.
 
@@ -98,6 +99,30 @@ def fla_gdn():
                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)
         measure(f"fla_fused_recurrent_b{b}", lambda: device_us(call))
         measure(f"fla_fused_recurrent_b{b}_wall", lambda: wall_us(call))
+
+        # Like for like with vt's step (decode_bench's peer): FLA's conv update (SiLU) over the q/k/v
+        # channels of 16 key and 32 value heads, then its recurrent kernel with the gates and beta's
+        # sigmoid fused, from the raw a and b as vt takes them.
+        kh = 16
+        ch = (2 * kh + h) * d
+        x = torch.randn(b, ch, device=dev, dtype=torch.bfloat16)
+        conv_w = torch.randn(ch, 4, device=dev, dtype=torch.bfloat16)
+        caches = [torch.zeros(b, ch, 4, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+        a_raw = torch.randn(b, 1, h, device=dev, dtype=torch.bfloat16)
+        b_raw = torch.randn(b, 1, h, device=dev, dtype=torch.bfloat16)
+        a_log = torch.rand(h, device=dev)
+        dt_bias = torch.rand(h, device=dev)
+
+        def step(i):
+            from fla.modules.causal_conv1d.ops import causal_conv1d_update  # inside: a failure is measure()'s
+
+            y, _ = causal_conv1d_update(x, caches[i % sets], weight=conv_w, activation="silu")
+            qq, kk, vv = torch.split(y, [kh * d, kh * d, h * d], dim=-1)
+            return fused_recurrent_gated_delta_rule(
+                qq.reshape(b, 1, kh, d), kk.reshape(b, 1, kh, d), vv.reshape(b, 1, h, d), g=a_raw, beta=b_raw,
+                initial_state=states[i % sets], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+        measure(f"fla_conv_recurrent_b{b}", lambda: device_us(step))
 
 
 def linears():

@@ -188,12 +188,18 @@ fn gdn(b: &B, r: &Report) -> Result<()> {
         }
         let state_bytes = (2 * batch * vh * HEAD * HEAD * 4) as f64;
         let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
+        // The peer does what vt's step does: FLA's conv update, then its recurrent kernel with the
+        // gates fused (decode_peers.py); its recurrent kernel alone, on gates computed beforehand,
+        // follows for reference.
         r.row(
             &format!("gdn decode step batch {batch} (fused)"),
             fused.device_us,
             state_bytes,
-            &format!("fla_fused_recurrent_b{batch}"),
+            &format!("fla_conv_recurrent_b{batch}"),
         );
+        if let Some(alone) = r.peers.get(&format!("fla_fused_recurrent_b{batch}")) {
+            println!("    fla recurrent kernel alone (no conv, gates precomputed): {alone:.2} µs");
+        }
         let composed = b.time_queued(50, 30.0, |i| run(i, false))?;
         r.row(&format!("gdn decode step batch {batch} (composed, before)"), composed.device_us, state_bytes, "");
     }
