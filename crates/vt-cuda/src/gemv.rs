@@ -193,10 +193,10 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // rows per block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
     // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T
     // (t = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight
-    // of this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core
-    // kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]: bf16 outputs are
-    // [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The kernel reads only
-    // weights before grid_dep_wait.
+    // of this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32
+    // inputs for the tensor-core kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]:
+    // bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The
+    // kernel reads only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
 }
