@@ -117,24 +117,6 @@ __device__ float block_sum(float v) {
     return block_reduce<false>(v, red);
 }
 
-// ---- MoE routing (moe.cu, moe_prefill.cu, gemv.cu) ----
-// How router logits become choices (vt-cuda's `RouteArgs`, #[repr(C)]): kind 0 = softmax over all
-// experts, top-k on the probabilities; 1 = sigmoid of the (optionally tanh-softcapped) logits, top-k
-// on score + bias, weights the unbiased scores times `scaling`. Renormalised over the k if `renorm`.
-struct RouteArgs {
-    u64 bias;
-    int bias_dt;
-    int kind;
-    int renorm;
-    int top_k;
-    int n_exp;
-    float softcap;
-    float scaling;
-    int pad;
-};
-#define ROUTE_MAX_EXP 512  // experts the warp (moe_prefill.cu) and block (gemv.cu) routings take
-#define ROUTE_MAX_K 32     // top-k: a choice per lane of the warp routing
-
 // One matrix `[n, k]` in its stored form; mirrors vt-cuda's `WeightDesc` (#[repr(C)]).
 // NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16
 // inputs; every row is scaled by `global[0]` (a repacked gate/up pair, w4a16.cu, keeps the up

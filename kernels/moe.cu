@@ -3,61 +3,28 @@
 // down projections of every expert, at 3e, 3e + 1, 3e + 2), combined in ascending expert order as
 // vt-cpu does.
 
-// Index of the largest v[i] not yet taken (lowest index among equals), marked taken. No NaN in v:
-// one would win whenever it came first, as no value compares greater.
-__device__ int take_max(const float* v, unsigned char* taken, int n) {
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
-    taken[best] = 1;
-    return best;
-}
+#include "route.cuh"
 
-// One block per token (256 threads), any number of experts: the choices of the warp and block
-// routings (moe_prefill.cu, gemv.cu) that the faster paths take for up to 512, a NaN choice ranking
-// as -inf (after every number, by index). Dynamic shared memory: (hidden + 2 * n_exp) floats +
-// n_exp bytes.
+// One block per token (256 threads): the router's logits (a warp per expert row), then warp 0
+// routes them (route_warp, n_exp <= ROUTE_MAX_EXP); ids / weights [t, top_k] in rank order.
+// Dynamic shared memory: (hidden + n_exp) floats.
 extern "C" __global__ void moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs ra) {
     extern __shared__ float sh[];
-    int n_exp = ra.n_exp, top_k = ra.top_k, kind = ra.kind;
-    float softcap = ra.softcap;
-    const void* bias = (const void*)ra.bias;
-    int hidden = router.k;
-    float *xs = sh, *score = sh + hidden, *choice = score + n_exp;
-    unsigned char* taken = (unsigned char*)(choice + n_exp);
+    int n_exp = ra.n_exp, top_k = ra.top_k, hidden = router.k;
+    float *xs = sh, *logits = sh + hidden;
     long long tok = blockIdx.x;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) xs[j] = bf2f(x[tok * hidden + j]);
-    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) taken[e] = 0;
     __syncthreads();
     for (int e = threadIdx.x >> 5; e < n_exp; e += blockDim.x >> 5) {
         float l = warp_row_dot(router, e, xs);
-        if ((threadIdx.x & 31) == 0) score[e] = l;
+        if ((threadIdx.x & 31) == 0) logits[e] = l;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    if (kind == 0) {
-        float mx = score[0], sum = 0.0f;
-        for (int e = 1; e < n_exp; e++) mx = fmaxf(mx, score[e]);
-        for (int e = 0; e < n_exp; e++) { choice[e] = expf(score[e] - mx); sum += choice[e]; }
-        for (int e = 0; e < n_exp; e++) choice[e] = choice[e] / sum;
-        for (int e = 0; e < n_exp; e++) score[e] = choice[e];
-    } else {
-        for (int e = 0; e < n_exp; e++) {
-            float l = softcap > 0.0f ? softcap * tanhf(score[e] / softcap) : score[e];
-            score[e] = sigmoidf(l);
-            choice[e] = score[e] + (bias ? ld(bias, ra.bias_dt, e) : 0.0f);
-        }
-    }
-    for (int e = 0; e < n_exp; e++)
-        if (isnan(choice[e])) choice[e] = __int_as_float(0xff800000);
-    int chosen[ROUTE_MAX_K];
-    float norm = 0.0f;
-    for (int s = 0; s < top_k; s++) { chosen[s] = take_max(choice, taken, n_exp); norm += score[chosen[s]]; }
-    if (!ra.renorm) norm = 1.0f;
-    float mul = kind == 0 ? 1.0f : ra.scaling;
-    for (int s = 0; s < top_k; s++) {
-        ids[tok * top_k + s] = chosen[s];
-        weights[tok * top_k + s] = score[chosen[s]] / norm * mul;
+    if (threadIdx.x >= 32) return;
+    Choice c = route_warp([&](int e) { return logits[e]; }, ra);
+    if ((int)threadIdx.x < top_k) {
+        ids[tok * top_k + threadIdx.x] = c.id;
+        weights[tok * top_k + threadIdx.x] = c.w;
     }
 }
 

@@ -10,6 +10,8 @@
 // Rows of one expert land in arbitrary order within its range (atomics), but each row's result
 // depends only on its own inputs, so the output is deterministic.
 
+#include "route.cuh"
+
 #define MP_BM 64            // slots per GEMM tile (the NVFP4 kernels take 128: w4a16.cu)
 #define MP_THREADS 128      // GEMM block: 2 x 2 warps of 32 x 64
 #define MP_BN 128           // weight rows per GEMM tile
@@ -17,86 +19,14 @@
 #define MP_STAGES 3         // 3 * (64 + 128) * 64 bf16 = 72 KiB of dynamic shared memory
 #define MP_CPR (MP_BK / 8)  // 16-byte chunks per tile row
 
-// One choice of a token: lane r < top_k holds its rank-r expert and weight.
-struct Choice {
-    int id;
-    float w;
-};
-
-// The top_k choices of one token's logits (n_exp values), as vt-cpu's `route`: a higher choice value
-// ranks first, an equal one at the lower index; a NaN value ranks after every number. Every lane of
-// the warp calls it; the normaliser sums the chosen scores in rank order. Lane l holds the choice
-// values of experts l + 32 i: each of the k rounds takes every lane's best untaken expert, then
-// the warp's. A sigmoid router's winner gets its score from its logit again, so that only one
-// array stays in registers. Each logit is read once, through L2 only (ld.cg).
-__device__ Choice route_warp(const float* logits, const RouteArgs& ra) {
-    constexpr int PER = ROUTE_MAX_EXP / 32;
-    const float neg_inf = __int_as_float(0xff800000);
-    const int none = 0x7fffffff;
-    // Registers of experts past n_exp are skipped (per: those a lane holds), which halves each
-    // round's scan at 256 experts.
-    int lane = threadIdx.x & 31, n = ra.n_exp, per = (n + 31) >> 5;
-    auto sigmoid_score = [&](float l) { return sigmoidf(ra.softcap > 0.0f ? ra.softcap * tanhf(l / ra.softcap) : l); };
-    float choice[PER];
-    unsigned taken = 0;  // bit i: expert lane + 32 i chosen, or past n
-#pragma unroll
-    for (int i = 0; i < PER && i < per; i++) {
-        int e = lane + 32 * i;
-        choice[i] = e < n ? __ldcg(logits + e) : neg_inf;
-        if (e >= n) taken |= 1u << i;
-    }
-    if (ra.kind == 0) {
-        float mx = neg_inf, sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER && i < per; i++) mx = fmaxf(mx, choice[i]);
-        mx = warp_max(mx);
-#pragma unroll
-        for (int i = 0; i < PER && i < per; i++) {
-            choice[i] = taken >> i & 1u ? 0.0f : expf(choice[i] - mx);
-            sum += choice[i];
-        }
-        sum = warp_sum(sum);
-#pragma unroll
-        for (int i = 0; i < PER && i < per; i++) choice[i] = choice[i] / sum;
-    } else {
-#pragma unroll
-        for (int i = 0; i < PER && i < per; i++) {
-            int e = lane + 32 * i;
-            if (e < n) choice[i] = sigmoid_score(choice[i]) + (ra.bias ? ld((const void*)ra.bias, ra.bias_dt, e) : 0.0f);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < PER && i < per; i++)
-        if (isnan(choice[i])) choice[i] = neg_inf;  // below every number, above nothing: by index
-    Choice mine = {-1, 0.0f};
-    float norm = 0.0f;
-    for (int r = 0; r < ra.top_k; r++) {
-        float bv = neg_inf;
-        int bi = none;
-#pragma unroll
-        for (int i = 0; i < PER && i < per; i++)
-            if (!(taken >> i & 1u) && (bi == none || choice[i] > bv)) { bv = choice[i]; bi = lane + 32 * i; }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
-        }
-        // Every lane now holds the winner: softmax's score is its choice value.
-        if (lane == (bi & 31)) taken |= 1u << (bi >> 5);
-        float sc = ra.kind == 0 ? bv : sigmoid_score(__ldcg(logits + bi));
-        norm += sc;
-        if (lane == r) mine = {bi, sc};
-    }
-    mine.w = mine.w / (ra.renorm ? norm : 1.0f) * (ra.kind == 1 ? ra.scaling : 1.0f);
-    return mine;
-}
-
 // One warp per token (route_warp): ids / weights [t, top_k] in rank order; counts[e] += the tokens
 // that chose e. Block: 256 threads (8 tokens).
 extern "C" __global__ void moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t, RouteArgs ra) {
     int tok = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (tok >= t) return;
-    Choice c = route_warp(logits + (long long)tok * ra.n_exp, ra);
+    const float* lg = logits + (long long)tok * ra.n_exp;
+    // Each logit is read once (twice for a sigmoid's winners), through L2 only.
+    Choice c = route_warp([&](int e) { return __ldcg(lg + e); }, ra);
     if (lane < ra.top_k) {
         ids[(long long)tok * ra.top_k + lane] = c.id;
         weights[(long long)tok * ra.top_k + lane] = c.w;

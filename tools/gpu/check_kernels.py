@@ -9,6 +9,7 @@ usage: check_kernels.py [path/to/libnvrtc.so.13]   (default: found under sys.pat
 import ctypes
 import glob
 import os
+import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -37,11 +38,21 @@ def load_nvrtc(path):
     return ctypes.CDLL(path)
 
 
+def source(path):
+    """What vt-cuda compiles for kernels/<file>.cu (kernels.rs `source`): common.cuh, then the file
+    with each `#include "NAME"` line replaced by kernels/NAME."""
+    kernels = os.path.join(ROOT, "kernels")
+    lines = [open(os.path.join(kernels, "common.cuh")).read()]
+    for line in open(path).read().splitlines():
+        m = re.fullmatch(r'#include "(\w+\.cuh)"', line)
+        lines.append(open(os.path.join(kernels, m.group(1))).read() if m else line)
+    return "\n".join(lines)
+
+
 def compile_kernel_file(lib, path, extra=()):
     """Compiles kernels/<file>.cu as vt-cuda does (plus `extra` options); returns (status, log,
     program). The caller destroys the program (nvrtcDestroyProgram) when done with it."""
-    common = open(os.path.join(ROOT, "kernels", "common.cuh")).read()
-    src = (common + "\n" + open(path).read()).encode()
+    src = source(path).encode()
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(path).encode(), 0, None, None)
     if rc != 0:

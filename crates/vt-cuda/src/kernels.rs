@@ -1,7 +1,8 @@
 //! The kernels of `kernels/*.cu`, compiled by NVRTC for the device's architecture when a backend
-//! starts. Each file is compiled as `common.cuh` + the file with the options below; CI runs the
-//! same compile step without a GPU (this module's test), and tools/gpu/check_kernels.py mirrors it
-//! for quick checks and tools/gpu/kernel_sass.py.
+//! starts. Each file is compiled as `common.cuh` + the file, its `#include "NAME.cuh"` lines
+//! replaced by those headers (the binary carries the sources: NVRTC has no include path at run
+//! time), with the options below; CI runs the same compile step without a GPU (this module's
+//! test), and tools/gpu/check_kernels.py mirrors it for quick checks and tools/gpu/kernel_sass.py.
 
 use std::sync::Arc;
 
@@ -15,6 +16,38 @@ use crate::alloc::driver_err;
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
+/// The headers a kernel file may `#include`, by name.
+const HEADERS: &[(&str, &str)] = &[
+    ("route.cuh", include_str!("../../../kernels/route.cuh")),
+    ("weight_chunks.cuh", include_str!("../../../kernels/weight_chunks.cuh")),
+];
+
+/// What NVRTC compiles for `file`: `common.cuh`, then `src` with each `#include "NAME"` line
+/// replaced by header NAME.
+fn source(file: &str, src: &str) -> Result<String> {
+    let mut out = String::with_capacity(COMMON.len() + src.len());
+    out.push_str(COMMON);
+    for line in src.lines() {
+        match line.strip_prefix("#include \"").and_then(|l| l.strip_suffix('"')) {
+            Some(name) => {
+                let (_, header) = HEADERS.iter().find(|(h, _)| *h == name).ok_or_else(|| {
+                    Error::backend(
+                        "cuda",
+                        format!("kernels/{file} includes {name}, which is not one of vt-cuda's headers"),
+                    )
+                })?;
+                out.push('\n');
+                out.push_str(header);
+            }
+            None => {
+                out.push('\n');
+                out.push_str(line);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// PTX of every `(file, source)`, in order, compiled for `arch` side by side (NVRTC is CPU work and
 /// the files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
 fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
@@ -27,7 +60,7 @@ fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
                 name: Some(file.into()),
                 ..Default::default()
             };
-            compile_ptx_with_opts(format!("{COMMON}\n{src}"), opts)
+            compile_ptx_with_opts(source(file, src)?, opts)
                 .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
         })
         .collect()
@@ -82,7 +115,8 @@ kernels! {
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
-    "gemv.cu" => [gemv_bf16, gemv_nvfp4, gemv_bf16_t1, gemv_nvfp4_t1, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4],
+    "gemv.cu" => [gemv_bf16, gemv_nvfp4, gemv_bf16_t1, gemv_nvfp4_t1, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16],
+    "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],

@@ -61,11 +61,10 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
     Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
 
-/// `ROUTE_MAX_EXP` of kernels/common.cuh: the experts the warp (prefill) and block (decode)
-/// routing kernels take.
+/// `ROUTE_MAX_EXP` of kernels/route.cuh: the experts the routing (every path's) takes.
 pub(crate) const ROUTE_MAX_EXPERTS: usize = 512;
 
-/// `struct RouteArgs` of kernels/common.cuh: how a router's logits become choices (every MoE
+/// `struct RouteArgs` of kernels/route.cuh: how a router's logits become choices (every MoE
 /// path's routing kernel takes it).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -137,8 +136,10 @@ pub(crate) fn moe(
             router.weight.in_features()
         )
     })?;
-    check((1..=n_exp.min(MAX_TOP_K)).contains(&top_k), op, || format!("top-k {top_k} with {n_exp} experts"))?;
-    let route_shared = (h + 2 * n_exp) * 4 + n_exp;
+    check((1..=n_exp.min(MAX_TOP_K)).contains(&top_k) && n_exp <= ROUTE_MAX_EXPERTS, op, || {
+        format!("top-k {top_k} of {n_exp} experts (the routing takes at most {ROUTE_MAX_EXPERTS} experts)")
+    })?;
+    let route_shared = (h + n_exp) * 4;
     check(
         route_shared <= MAX_SHARED && inter * 4 <= MAX_SHARED && inter.div_ceil(8) <= 65535 && h.div_ceil(8) <= 65535,
         op,
@@ -162,8 +163,9 @@ pub(crate) fn moe(
     let cfg =
         LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: route_shared as u32 };
     // SAFETY: moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs
-    // ra): one block per token, shared memory as computed; ids/weights hold t * top_k, the
-    // router is [n_exp, h] (checked), ra's bias is null or n_exp values (RouteArgs::new).
+    // ra): one block of 256 threads per token, shared memory as computed; ids/weights hold
+    // t * top_k, the router is [n_exp, h] with n_exp <= 512 and top_k <= 32 (checked), ra's bias
+    // is null or n_exp values (RouteArgs::new).
     launched(unsafe { l.launch(cfg) }, "moe_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_gate_up);

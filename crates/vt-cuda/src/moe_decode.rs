@@ -1,10 +1,10 @@
-//! The whole MoE block for the few tokens of a decode step (kernels/gemv.cu), in four launches and
-//! no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32); routing on the
-//! device; the fused SwiGLU of each chosen expert and the shared expert; down projections with
-//! the weighted combine, each launch overlapping the previous kernel's end (launch.rs: before they
-//! wait, the logits kernel reads router weights and the shared expert's gate/up blocks theirs; the
-//! others read nothing). Experts are read through the `MoeExperts`' resident expert table (moe.rs),
-//! the shared expert through its own weights.
+//! The whole MoE block for the few tokens of a decode step (kernels/moe_decode.cu), in four
+//! launches and no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32);
+//! routing on the device; the fused SwiGLU of each chosen expert and the shared expert; down
+//! projections with the weighted combine, each launch overlapping the previous kernel's end
+//! (launch.rs: before they wait, the logits kernel reads router weights and the shared expert's
+//! gate/up blocks theirs; the others read nothing). Experts are read through the `MoeExperts`'
+//! resident expert table (moe.rs), the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
@@ -22,7 +22,7 @@ use crate::CudaBackend;
 const MOE_MAX_T: usize = 16;
 
 /// The down kernel's static shared memory: a `WeightDesc` (32 bytes) and a multiplier per slot of
-/// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/gemv.cu).
+/// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/moe_decode.cu).
 const DOWN_STATIC_SHARED: usize = MOE_MAX_T * (MAX_TOP_K + 1) * (32 + 4);
 
 /// Whether the down kernel can stage a token's `slots` activation rows of `inter` floats in the
@@ -31,7 +31,7 @@ fn staged_fits(slots: usize, inter: usize, max_shared: usize) -> bool {
     4 * slots * inter + DOWN_STATIC_SHARED <= max_shared
 }
 
-/// `struct SharedDesc` of kernels/gemv.cu.
+/// `struct SharedDesc` of kernels/moe_decode.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct SharedDesc {
@@ -135,13 +135,10 @@ pub(crate) fn moe_block(
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
-    // A thread per expert (route_token ranks with one), whole warps.
-    let threads = (n_exp.div_ceil(32) * 32).clamp(128, ROUTE_MAX_EXPERTS) as u32;
-    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a block per token of 128..=512 threads (whole warps, at least n_exp:
-    // route_token's thread per expert); logits [t, n_exp + 1] written by the previous kernel on
-    // this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
+    // int gated, int slots): a warp per token; logits [t, n_exp + 1] written by the previous
+    // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
     let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
@@ -160,9 +157,9 @@ pub(crate) fn moe_block(
     // and down_desc t * slots descs (8-byte aligned: the scratch's start).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
-    // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/gemv.cu), no more blocks than
-    // output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in dynamic
-    // shared memory.
+    // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/moe_decode.cu), no more blocks
+    // than output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in
+    // dynamic shared memory.
     let (per_item, per_sm) = if fp4 { (4, 1) } else { (1, 2) };
     let staged = 4 * slots * inter;
     let cfg = LaunchConfig {

@@ -324,10 +324,10 @@ fn moe_every_router_and_expert_format() {
 #[test]
 fn every_routing_ranks_a_nan_choice_last() {
     // Expert 0's router row is NaN, so a sigmoid router's choice for it is NaN, which vt-cpu ranks
-    // after every number (and a softmax would make every probability NaN). Each CUDA routing must
-    // leave expert 0 out as vt-cpu does: the per-token kernel of the general path (one token, or
-    // 12 experts, which the grouped path does not take), the warp routing of the grouped prefill
-    // (29 tokens over 8 experts) and the block routing of the fused decode block (3 tokens).
+    // after every number (and a softmax would make every probability NaN). Each CUDA router kernel
+    // (all three call kernels/route.cuh) must leave expert 0 out as vt-cpu does: the general path's
+    // (one token, or 12 experts, which the grouped path does not take), the grouped prefill's (29
+    // tokens over 8 experts) and the fused decode block's (3 tokens).
     let gpu = &cuda();
     let mut r = Rng(0x7a7);
     let (h, inter) = (64, 32);

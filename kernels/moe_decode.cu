@@ -1,0 +1,222 @@
+// The whole MoE block for the few tokens of a decode step, three launches after its logits (the
+// router's and the shared-expert gate's rows, from gemv.cu's kernels as f32): routing (a warp per
+// token); fused SwiGLU of every chosen expert and the shared expert; down projections + weighted
+// combine. No host synchronisation: expert ids never leave the device; the expert table is the
+// MoeExperts' resident WeightDesc array (gate, up, down of expert e at 3e, 3e + 1, 3e + 2).
+
+#include "route.cuh"
+#include "weight_chunks.cuh"
+
+// The shared expert (vt-cuda's `SharedDesc`): `present` 0 when the block has none; `gated` 1 when
+// it is scaled by sigmoid of the last logit column.
+struct SharedDesc {
+    WeightDesc gate, up, down;
+    int present;
+    int gated;
+};
+
+// Routing of token blockIdx.x by one warp: slot_ids / slot_w [t, slots] get its chosen experts in
+// ascending order, then -1 and the shared expert's multiplier when `slots` exceeds top_k.
+extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
+    grid_dep_begin();
+    int tok = blockIdx.x, lane = threadIdx.x & 31;
+    const float* lg = logits + (long long)tok * (ra.n_exp + 1);
+    Choice c = route_warp([&](int e) { return __ldcg(lg + e); }, ra);
+    int pos = ascending_pos(c, ra.top_k);
+    if (lane < ra.top_k) {
+        slot_ids[tok * slots + pos] = c.id;
+        slot_w[tok * slots + pos] = c.w;
+    }
+    if (lane == 0 && slots > ra.top_k) {
+        slot_ids[tok * slots + ra.top_k] = -1;
+        slot_w[tok * slots + ra.top_k] = gated ? sigmoidf(lg[ra.n_exp]) : 1.0f;
+    }
+}
+
+// Chunks of each row a gate/up lane has in flight before it computes, both rows of its unit at
+// once. At Qwen3.5's hidden 2048: four rounds of 2 for bf16, whose 48 registers a thread let all
+// 1152 blocks of the 8 + 1 slots be resident at once (10 a SM; rounds of 4 took 62 registers, 8
+// blocks a SM: 27.5 against 26.6 µs a bf16 MoE layer, H200, same call), and one round for NVFP4
+// (a row is 64 chunks).
+#define MOE_CHUNKS_BF16 2
+#define MOE_CHUNKS_NVFP4 2
+
+// Dots of row `row` of the ROWS weights w[] with x's chunks [0, k / ELEMS) (f32 or bf16), by one
+// warp; every lane gets the sums. With `wait`, the lanes execute grid_dep_wait once their first
+// loads are in flight (x may come from the previous kernel).
+template <bool FP4, int ROWS, typename X>
+__device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, const X* x, bool wait, float* dots) {
+    typedef Fmt<FP4> F;
+    constexpr int CH = FP4 ? MOE_CHUNKS_NVFP4 : MOE_CHUNKS_BF16;
+    int lane = threadIdx.x & 31, nc = w[0].k / F::ELEMS;
+    float acc[ROWS] = {};
+    for (int i0 = lane; i0 < nc; i0 += 32 * CH) {
+        uint4 v[CH][ROWS];
+        unsigned sc[CH][ROWS];
+#pragma unroll
+        for (int j = 0; j < CH; j++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (i0 + 32 * j < nc) F::load(w[r], row, i0 + 32 * j, v[j][r], sc[j][r]);
+        if (wait) {
+            grid_dep_wait();
+            wait = false;
+        }
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            if (i0 + 32 * j >= nc) break;
+            float xf[F::ELEMS];
+            load_xchunk<FP4>(x, i0 + 32 * j, xf);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[r] += F::dot(v[j][r], sc[j][r], xf);
+        }
+    }
+    if (wait) grid_dep_wait();  // a lane with no chunks
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) dots[r] = warp_sum(acc[r]) * F::scale(w[r]);
+}
+
+// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
+// expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
+// (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
+// 4 * blockIdx.y + j. Each slot's first block also writes the slot's down matrix to down_desc, so
+// that the down kernel reads it in one step instead of two dependent ones (ids, then the table).
+template <bool FP4>
+__device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                const SharedDesc& sh, int slots, int inter) {
+    int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
+    // The shared expert's blocks (its slot is the last) know their rows without the routing: their
+    // first round of weights is in flight before they wait, while the routing kernel runs.
+    bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
+    grid_dep_trigger();
+    if (!shared_slot) grid_dep_wait();
+    if (u >= inter) {
+        if (shared_slot) grid_dep_wait();
+        return;
+    }
+    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
+    WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
+    // Written once this block has waited: a routed slot's now (it arrives with the gate and up
+    // descriptors), the shared slot's after its dots.
+    bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
+    if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
+    float d[2];
+    warp_dots<FP4, 2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
+    if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
+    if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
+}
+
+// The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
+// takes an equal share of the output rows, a token at a time, and its warps stream them. An item's
+// loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 bf16 chunks per lane,
+// or 4.5 NVFP4 chunks of each of 4 rows). Each block copies the slots' weight descriptors to
+// shared memory and, meanwhile, each token's SwiGLU activations to dynamic shared memory, where
+// every warp's chunk reads find them at once (read from global memory, each of those reads waited
+// on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its chunks in
+// registers (210 of them), so one block of it fits an SM without spilling.
+// Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
+// of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
+#define MOE_DEC_MAX_T 16
+#define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
+#define MOE_DEC_THREADS 256
+#define MOE_DEC_WAVE_BF16 2
+#define MOE_DEC_WAVE_NVFP4 1
+
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]) (down_slot: the
+// slot's down_desc, written by the gate/up kernel): a row's chunks run over the slots in order,
+// lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for NVFP4; hidden % 4 == 0
+// as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory: slots * inter floats.
+template <bool FP4>
+__device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t, int slots,
+                             int hidden, int inter) {
+    typedef Fmt<FP4> F;
+    constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
+    extern __shared__ float4 dyn[];
+    float* as = (float*)dyn;
+    __shared__ WeightDesc dn[MOE_DEC_SLOTS];
+    __shared__ float mul[MOE_DEC_SLOTS];
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5, groups = hidden / R, nc = inter / F::ELEMS, total = slots * nc;
+    // This block's share of the t * groups items, a token at a time; threads past the block's last
+    // item still reach every barrier.
+    int items = t * groups;
+    int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
+    // Token tok's activations into shared memory, every copy in flight at once (a load-then-store
+    // loop waits on L2 once per iteration).
+    auto stage = [&](int tok) {
+        const float4* src = (const float4*)(act + (long long)tok * slots * inter);
+        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
+        cp_async_commit();
+    };
+    grid_dep_wait();
+    // The first token's copy is in flight while the descriptors load. (Issuing each warp's first
+    // weights before the copy instead made t = 4 slower: 83 against 72 µs a bf16 layer, H200.)
+    stage(first / groups);
+    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
+        dn[s] = down_desc[s];
+        mul[s] = slot_w[s] * F::scale(dn[s]);
+    }
+    for (int tok = first / groups; tok * groups < last; tok++) {
+        if (tok > first / groups) {
+            __syncthreads();  // the previous token's activations are no longer read
+            stage(tok);
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // the activations (and, the first time, dn and mul) are in shared memory
+        const WeightDesc* d = dn + tok * slots;
+        const float* m = mul + tok * slots;
+        int hi = min(last, (tok + 1) * groups), item0 = max(first, tok * groups) + (threadIdx.x >> 5);
+        for (int item = item0; item < hi; item += warps) {
+            int r0 = (item % groups) * R;
+            float acc[R] = {};
+            for (int i0 = lane; i0 < total; i0 += 32 * J) {
+                // Chunk i = i0 + 32 j is chunk c of slot sl (i / nc, i % nc), stepped along without
+                // a division per chunk.
+                uint4 v[J][R];
+                unsigned sc[J][R];
+                int sl = i0 / nc, c = i0 % nc;
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    if (i0 + 32 * j < total)
+#pragma unroll
+                        for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r], sc[j][r]);
+                    for (c += 32; c >= nc; c -= nc) sl++;
+                }
+                sl = i0 / nc, c = i0 % nc;
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    int i = i0 + 32 * j;
+                    if (i >= total) break;
+                    // Chunk i of the row (chunk c of slot sl) meets element i * ELEMS of the staged slots.
+                    const float* xf = as + i * F::ELEMS;
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+                    for (c += 32; c >= nc; c -= nc) sl++;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float sum = warp_sum(acc[r]);
+                if (lane == 0) out[(long long)tok * hidden + r0 + r] = f2bf(sum);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                                SharedDesc sh, int slots, int inter) {
+    moe_dec_gate_up<false>(act, down_desc, slot_ids, x, table, sh, slots, inter);
+}
+extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
+                                                 SharedDesc sh, int slots, int inter) {
+    moe_dec_gate_up<true>(act, down_desc, slot_ids, x, table, sh, slots, inter);
+}
+// One resident wave of down blocks (see moe_dec_down).
+#define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
+MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
+                                                  int slots, int hidden, int inter) {
+    moe_dec_down<false>(out, act, down_desc, slot_w, t, slots, hidden, inter);
+}
+MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
+                                                   int slots, int hidden, int inter) {
+    moe_dec_down<true>(out, act, down_desc, slot_w, t, slots, hidden, inter);
+}
