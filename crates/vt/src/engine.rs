@@ -272,9 +272,7 @@ impl<B: Backend> Engine<B> {
         let mut budget = self.limits.config.max_batch_tokens;
         // Decodes first (one token each, latency-bound), then prompt chunks with what is left.
         let mut take = vec![0; self.running.len()];
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|&i| self.running[i].pending.len() > 1);
-        for i in order {
+        for i in vt_models::decode_first(self.running.iter().map(|s| s.pending.len())) {
             take[i] = self.running[i].pending.len().min(budget);
             budget -= take[i];
         }

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 
 use vt_core::{Backend, Result, Tensor};
 
-use super::{LayerState, Logits, Model, Recorded, SeqState};
+use super::state::{LayerState, Recorded, SeqState};
+use super::{Logits, Model};
 
 /// Positions reserved in every KV cache before recording: a recording replays until a cache is
 /// full, so a sequence records again at most every this many steps (later, as caches double).

@@ -1,0 +1,152 @@
+//! Gated attention (Qwen3.5-MoE's sigmoid gate from `q_proj`, Laguna's softplus `g_proj`, or none
+//! as Qwen3-MoE): its weights, their loading, and its forward over a batched step.
+
+use vt_core::backend::stack_rows;
+use vt_core::{AttentionParams, Backend, Error, GateAct, Linear, Result, Tensor};
+
+use super::batch::{batched_decodes, take_rows, Span};
+use super::layer::{linear_bytes, tensor_bytes};
+use super::state::LayerState;
+use crate::loader::Loader;
+use crate::spec::{AttnGate, AttnSpec};
+
+pub(super) struct Attention<B: Backend> {
+    pub(super) spec: AttnSpec,
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    o_proj: Linear<B>,
+    q_norm: Tensor<B>,
+    k_norm: Tensor<B>,
+    /// Laguna's `g_proj`.
+    g_proj: Option<Linear<B>>,
+}
+
+impl<B: Backend> Attention<B> {
+    /// The `self_attn` module under `p` (a layer's prefix) of a model of width `h`.
+    pub(super) fn load(ld: &Loader<B>, s: &AttnSpec, p: &str, h: usize) -> Result<Self> {
+        let a = format!("{p}.self_attn");
+        let q_out = s.q_heads * s.head_dim * if s.gate == AttnGate::SigmoidFromQProj { 2 } else { 1 };
+        let g_proj = match s.gate {
+            AttnGate::Softplus { per_head } => {
+                Some(ld.linear(&format!("{a}.g_proj"), if per_head { s.q_heads } else { s.q_heads * s.head_dim }, h)?)
+            }
+            _ => None,
+        };
+        Ok(Attention {
+            spec: s.clone(),
+            q_proj: ld.linear(&format!("{a}.q_proj"), q_out, h)?,
+            k_proj: ld.linear(&format!("{a}.k_proj"), s.kv_heads * s.head_dim, h)?,
+            v_proj: ld.linear(&format!("{a}.v_proj"), s.kv_heads * s.head_dim, h)?,
+            o_proj: ld.linear(&format!("{a}.o_proj"), h, s.q_heads * s.head_dim)?,
+            q_norm: ld.float(&format!("{a}.q_norm.weight"), &[s.head_dim])?,
+            k_norm: ld.float(&format!("{a}.k_norm.weight"), &[s.head_dim])?,
+            g_proj,
+        })
+    }
+
+    /// Bytes of weights one token reads.
+    pub(super) fn weight_bytes(&self) -> usize {
+        let l = linear_bytes;
+        l(&self.q_proj)
+            + l(&self.k_proj)
+            + l(&self.v_proj)
+            + l(&self.o_proj)
+            + tensor_bytes(&self.q_norm)
+            + tensor_bytes(&self.k_norm)
+            + self.g_proj.as_ref().map_or(0, l)
+    }
+
+    /// The mixer over `x` (the normed hidden states of every sequence's `spans`), each sequence
+    /// attending over its own cache in `states`.
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        x: &Tensor<B>,
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+        eps: f32,
+    ) -> Result<Tensor<B>> {
+        let s = &self.spec;
+        let t = x.rows();
+        let width = s.q_heads * s.head_dim;
+        // One pass over `x` for every projection that reads it (Laguna's softplus gate included).
+        let mut ws = vec![&self.q_proj, &self.k_proj, &self.v_proj];
+        ws.extend(&self.g_proj);
+        let mut projs = b.linear_many(x, &ws)?.into_iter();
+        let mut next = || projs.next().ok_or_else(|| Error::input("linear_many returned too few outputs"));
+        let (q, k, v) = (next()?, next()?, next()?);
+        let g_proj = self.g_proj.as_ref().map(|_| next()).transpose()?;
+        let (q, gate) = match s.gate {
+            AttnGate::SigmoidFromQProj => {
+                let qg = q.reshape(&[t * s.q_heads, 2 * s.head_dim])?;
+                let q = b.narrow_cols(&qg, 0, s.head_dim)?;
+                let g = b.narrow_cols(&qg, s.head_dim, s.head_dim)?.reshape(&[t, width])?;
+                (q, Some(g))
+            }
+            _ => (q, None),
+        };
+        let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &self.q_norm, eps, s.qk_norm)?;
+        let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &self.k_norm, eps, s.qk_norm)?;
+        let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
+        // Many sequences' single-token steps (the batch runner puts them first): one batched
+        // call. One sequence keeps the per-sequence ops, which a recorded step records.
+        let decodes = batched_decodes(spans);
+        if decodes == spans.len() {
+            let positions: Vec<usize> = spans.iter().map(|sp| sp.start).collect();
+            let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
+            let o = b.attention_decode(&q, &k, &v, &s.rope, &positions, &mut kv_caches(states)?, &params)?;
+            return self.out(b, o.reshape(&[t, width])?, gate, g_proj);
+        }
+        let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
+        let (decoding, prompts) = states.split_at_mut(decodes);
+        if decodes > 0 {
+            // Their rows lead each tensor (q and k are [t, heads, d], v [t, kv_heads * d]).
+            let lead = |x: &Tensor<B>, rows: usize, heads: usize| {
+                b.slice_rows(x, 0, rows)?.reshape(&[decodes, heads, s.head_dim])
+            };
+            let (qd, kd, vd) = (
+                lead(&q, decodes * s.q_heads, s.q_heads)?,
+                lead(&k, decodes * s.kv_heads, s.kv_heads)?,
+                lead(&v, decodes, s.kv_heads)?,
+            );
+            let positions: Vec<usize> = spans[..decodes].iter().map(|sp| sp.start).collect();
+            let o = b.attention_decode(&qd, &kd, &vd, &s.rope, &positions, &mut kv_caches(decoding)?, &params)?;
+            parts.push(o.reshape(&[decodes, width])?);
+        }
+        let (mut q, mut k, mut v) =
+            (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
+        for (sp, state) in spans[decodes..].iter().zip(prompts.iter_mut()) {
+            let LayerState::Attention(cache) = &mut **state else {
+                return Err(Error::input("sequence state belongs to another model"));
+            };
+            let rows =
+                |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
+            let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;
+            let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
+            parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])?);
+        }
+        self.out(b, stack_rows(b, parts)?, gate, g_proj)
+    }
+
+    /// The attention output `o` `[t, q_heads * head_dim]` gated as the model gates it, projected.
+    fn out(&self, b: &B, o: Tensor<B>, gate: Option<Tensor<B>>, g_proj: Option<Tensor<B>>) -> Result<Tensor<B>> {
+        let o = match (self.spec.gate, gate, g_proj) {
+            (AttnGate::SigmoidFromQProj, Some(g), _) => b.gate(&o, &g, GateAct::Sigmoid)?,
+            (AttnGate::Softplus { .. }, _, Some(g)) => b.gate(&o, &g, GateAct::Softplus)?,
+            _ => o,
+        };
+        b.linear(&o, &self.o_proj)
+    }
+}
+
+/// The KV caches of one attention layer's `states`, a sequence each.
+fn kv_caches<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<&'s mut B::KvCache>> {
+    states
+        .iter_mut()
+        .map(|st| match &mut **st {
+            LayerState::Attention(cache) => Ok(cache),
+            LayerState::DeltaNet { .. } => Err(Error::input("sequence state belongs to another model")),
+        })
+        .collect()
+}

@@ -1,0 +1,163 @@
+//! Gated DeltaNet (Qwen3.5-MoE's linear attention): its weights, their loading, and its forward
+//! over a batched step.
+
+use vt_core::backend::stack_rows;
+use vt_core::{Backend, Error, GdnInputs, GdnMode, GdnState, GdnStep, Linear, Result, Tensor};
+
+use super::batch::{take_rows, Span};
+use super::layer::{linear_bytes, tensor_bytes};
+use super::state::LayerState;
+use crate::loader::Loader;
+use crate::spec::GdnSpec;
+
+pub(super) struct DeltaNet<B: Backend> {
+    pub(super) spec: GdnSpec,
+    in_proj_qkv: Linear<B>,
+    in_proj_z: Linear<B>,
+    in_proj_b: Linear<B>,
+    in_proj_a: Linear<B>,
+    conv: Tensor<B>,
+    a_log: Tensor<B>,
+    dt_bias: Tensor<B>,
+    norm: Tensor<B>,
+    out_proj: Linear<B>,
+}
+
+impl<B: Backend> DeltaNet<B> {
+    /// The `linear_attn` module under `p` (a layer's prefix) of a model of width `h`.
+    pub(super) fn load(ld: &Loader<B>, s: &GdnSpec, p: &str, h: usize) -> Result<Self> {
+        let a = format!("{p}.linear_attn");
+        let (key_total, value_total) = (s.key_heads * s.key_dim, s.value_heads * s.value_dim);
+        Ok(DeltaNet {
+            spec: s.clone(),
+            in_proj_qkv: ld.linear(&format!("{a}.in_proj_qkv"), 2 * key_total + value_total, h)?,
+            in_proj_z: ld.linear(&format!("{a}.in_proj_z"), value_total, h)?,
+            in_proj_b: ld.linear(&format!("{a}.in_proj_b"), s.value_heads, h)?,
+            in_proj_a: ld.linear(&format!("{a}.in_proj_a"), s.value_heads, h)?,
+            conv: ld.float(&format!("{a}.conv1d.weight"), &[s.conv_channels(), s.conv_kernel])?,
+            a_log: ld.float(&format!("{a}.A_log"), &[s.value_heads])?,
+            dt_bias: ld.float(&format!("{a}.dt_bias"), &[s.value_heads])?,
+            norm: ld.float(&format!("{a}.norm.weight"), &[s.value_dim])?,
+            out_proj: ld.linear(&format!("{a}.out_proj"), h, value_total)?,
+        })
+    }
+
+    /// Bytes of weights one token reads.
+    pub(super) fn weight_bytes(&self) -> usize {
+        let (l, t) = (linear_bytes, tensor_bytes);
+        l(&self.in_proj_qkv)
+            + l(&self.in_proj_z)
+            + l(&self.in_proj_b)
+            + l(&self.in_proj_a)
+            + l(&self.out_proj)
+            + t(&self.conv)
+            + t(&self.a_log)
+            + t(&self.dt_bias)
+            + t(&self.norm)
+    }
+
+    /// The single-token step of the sequences whose rows `qkv`, `a` and `b` hold.
+    fn step<'a>(&'a self, qkv: &'a Tensor<B>, a: &'a Tensor<B>, b: &'a Tensor<B>) -> GdnStep<'a, B> {
+        let s = &self.spec;
+        GdnStep {
+            qkv,
+            conv: &self.conv,
+            a,
+            b,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            key_heads: s.key_heads,
+            key_dim: s.key_dim,
+            value_heads: s.value_heads,
+            value_dim: s.value_dim,
+        }
+    }
+
+    /// The mixer over `x` (the normed hidden states of every sequence's `spans`), each sequence
+    /// continuing from its own convolution and recurrent state in `states`.
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        x: &Tensor<B>,
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+        eps: f32,
+    ) -> Result<Tensor<B>> {
+        let s = &self.spec;
+        let t = x.rows();
+        let [qkv_in, z, a, beta_in]: [Tensor<B>; 4] = b
+            .linear_many(x, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_a, &self.in_proj_b])?
+            .try_into()
+            .map_err(|_| Error::input("linear_many returned too few outputs"))?;
+        // Single-token steps (the batch runner puts them first), of one sequence or many: the
+        // recurrent form, one call for all; prompt chunks a sequence at a time, in the chunked
+        // form. (As transformers: the recurrent form for single-token steps, the chunked form
+        // otherwise.)
+        let decodes = spans.iter().take_while(|sp| sp.len == 1).count();
+        let o = if decodes == spans.len() {
+            b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), &mut gdn_states(states)?)?
+        } else {
+            let (decoding, prompts) = states.split_at_mut(decodes);
+            let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
+            if decodes > 0 {
+                let lead = |x: &Tensor<B>| b.slice_rows(x, 0, decodes);
+                let (qkv, a, beta) = (lead(&qkv_in)?, lead(&a)?, lead(&beta_in)?);
+                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), &mut gdn_states(decoding)?)?;
+                parts.push(o.reshape(&[decodes, s.value_heads * s.value_dim])?);
+            }
+            parts.extend(self.chunks(b, [qkv_in, a, beta_in], &spans[decodes..], prompts)?);
+            stack_rows(b, parts)?
+        };
+        let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
+        let z = z.reshape(&[t * s.value_heads, s.value_dim])?;
+        let o = b.rms_norm_gated(&o, &z, &self.norm, eps)?.reshape(&[t, s.value_heads * s.value_dim])?;
+        b.linear(&o, &self.out_proj)
+    }
+
+    /// The delta rule of `spans` (rows of the step's tensors; prompt chunks), a sequence at a time
+    /// in the chunked form -> each sequence's `[len, value_heads * value_dim]`.
+    fn chunks(
+        &self,
+        b: &B,
+        [qkv_in, a, beta_in]: [Tensor<B>; 3],
+        spans: &[Span],
+        states: &mut [&mut LayerState<B>],
+    ) -> Result<Vec<Tensor<B>>> {
+        let s = &self.spec;
+        let key_total = s.key_heads * s.key_dim;
+        let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
+        let mut parts = Vec::with_capacity(spans.len());
+        for (sp, state) in spans.iter().zip(states.iter_mut()) {
+            let LayerState::DeltaNet { conv, recurrent } = &mut **state else {
+                return Err(Error::input("sequence state belongs to another model"));
+            };
+            let n = sp.len;
+            let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
+            let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &self.conv, conv)?;
+            let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
+            let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
+            let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
+                n,
+                s.value_heads,
+                s.value_dim,
+            ])?;
+            let inputs =
+                GdnInputs { q: &q, k: &k, v: &v, a: &a, b: &beta_in, a_log: &self.a_log, dt_bias: &self.dt_bias };
+            parts.push(
+                b.gated_delta_rule(&inputs, recurrent, GdnMode::Chunked)?.reshape(&[n, s.value_heads * s.value_dim])?,
+            );
+        }
+        Ok(parts)
+    }
+}
+
+/// The Gated DeltaNet states of one layer's `states`, a sequence each.
+fn gdn_states<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<GdnState<'s, B>>> {
+    states
+        .iter_mut()
+        .map(|st| match &mut **st {
+            LayerState::DeltaNet { conv, recurrent } => Ok(GdnState { conv, recurrent }),
+            LayerState::Attention(_) => Err(Error::input("sequence state belongs to another model")),
+        })
+        .collect()
+}

@@ -1,0 +1,82 @@
+//! The sparse MoE block: router, routed experts and the optional (sigmoid-gated) shared expert.
+
+use vt_core::{Backend, Error, Linear, MoeExperts, Result, Router, Tensor};
+
+use super::layer::linear_bytes;
+use super::mlp::Mlp;
+use crate::loader::Loader;
+use crate::spec::{MoeSpec, SharedExpert};
+
+pub(super) struct MoeBlock<B: Backend> {
+    router: Router<B>,
+    pub(super) experts: MoeExperts<B>,
+    shared: Option<Mlp<B>>,
+    shared_gate: Option<Linear<B>>,
+}
+
+impl<B: Backend> MoeBlock<B> {
+    /// The `mlp` module at `p` (a layer's `{prefix}.mlp`) of a model of width `h`.
+    pub(super) fn load(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize) -> Result<Self> {
+        let correction_bias = if m.correction_bias {
+            let names = [format!("{p}.experts.e_score_correction_bias"), format!("{p}.gate.e_score_correction_bias")];
+            let name = names
+                .iter()
+                .find(|n| ld.has(n))
+                .ok_or_else(|| Error::MissingTensor { name: names.join(" or "), dir: ld.ckpt.dir.clone() })?;
+            Some(ld.float(name, &[m.num_experts])?)
+        } else {
+            None
+        };
+        let router = Router {
+            weight: ld.linear(&format!("{p}.gate"), m.num_experts, h)?,
+            kind: m.router.clone(),
+            correction_bias,
+        };
+        let experts = ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate)?;
+        let (shared, shared_gate) = match m.shared {
+            SharedExpert::None => (None, None),
+            SharedExpert::Plain { intermediate } | SharedExpert::SigmoidGated { intermediate } => {
+                let singular = format!("{p}.shared_expert");
+                let plural = format!("{p}.shared_experts");
+                let base = first_present(ld, &[singular.as_str(), plural.as_str()], ".gate_proj.weight")
+                    .unwrap_or(singular.as_str())
+                    .to_string();
+                let gate = match m.shared {
+                    SharedExpert::SigmoidGated { .. } => Some(ld.linear(&format!("{p}.shared_expert_gate"), 1, h)?),
+                    _ => None,
+                };
+                (Some(Mlp::load(ld, &base, h, intermediate)?), gate)
+            }
+        };
+        Ok(MoeBlock { router, experts, shared, shared_gate })
+    }
+
+    /// Bytes of weights one token reads: the router, the routed top-k experts and the shared
+    /// expert.
+    pub(super) fn weight_bytes(&self) -> usize {
+        let expert = self
+            .experts
+            .experts
+            .first()
+            .map_or(0, |e| e.gate.resident_bytes() + e.up.resident_bytes() + e.down.resident_bytes());
+        linear_bytes(&self.router.weight)
+            + self.router.kind.top_k() * expert
+            + self.shared.as_ref().map_or(0, Mlp::weight_bytes)
+            + self.shared_gate.as_ref().map_or(0, linear_bytes)
+    }
+
+    pub(super) fn forward(&self, b: &B, x: &Tensor<B>) -> Result<Tensor<B>> {
+        let shared = self.shared.as_ref().map(|s| vt_core::SharedExpert {
+            gate: &s.gate,
+            up: &s.up,
+            down: &s.down,
+            gate_proj: self.shared_gate.as_ref(),
+        });
+        b.moe_block(x, &self.router, &self.experts, shared.as_ref())
+    }
+}
+
+/// The first of `candidates` present in the checkpoint (name variants seen in the wild).
+fn first_present<'n, B: Backend>(ld: &Loader<B>, candidates: &[&'n str], probe: &str) -> Option<&'n str> {
+    candidates.iter().copied().find(|c| ld.has(&format!("{c}{probe}")))
+}
