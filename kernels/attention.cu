@@ -5,8 +5,6 @@
 // kernel reads positions before `start` from the cache and this call's own keys from `k`/`v`, so
 // a ring never has to hold more than the window; `kv_append` runs after it on the same stream.
 
-#define ATT_MAX_D 256
-
 // Writes this call's last min(t, window) positions (all t without a window) into the cache;
 // `start_at`, when not null, holds the start position instead of `start`.
 extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row, int start, const int* start_at, int window) {

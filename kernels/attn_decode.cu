@@ -3,8 +3,6 @@
 // walking it. attn_dec_split writes each split's softmax max, sum and unnormalised output;
 // attn_dec_combine merges the splits. Same cache layout and windowing as attention.cu.
 
-#define ATT_DEC_MAX_D 256
-
 // The step's own k and v rows (KV head kvh) into the cache at `start` (row start % window of a
 // ring), so that no kv_append launch follows: written by the one block of the KV head (its `lead`
 // block) whose split [p0, p1) holds `start`. No block of the launch reads that row: the query's own
@@ -134,9 +132,8 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     }
 }
 
-// H = 4 for head dims up to 128 (H200, 4000 cached keys: Laguna's 64 / 8 heads 49.7 -> 36.6 µs);
-// H = 1 at d = 256, where four heads' accumulators cost more than the reads they save (Qwen3.5's
-// 16 / 2 heads: 24.7 µs with H = 1, 33.4 with H = 4).
+// H = 4 for head dims up to 128; H = 1 at d = 256, where four heads' accumulators cost more than
+// the reads they save (docs/performance.md).
 #define ATT_DEC_SPLIT_KERNEL(NAME, H)                                                                                             \
     extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,     \
                                     int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,       \
@@ -167,7 +164,7 @@ ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h4, 4)
 // in f32 and O += P V with P rounded to bf16 (as flash_attn.cu). The next K tile is copied during
 // the softmax and P V, the next V tile during the next Q K^T. The CUDA-core kernel above takes a dot
 // per position and head with a warp reduction each, which bound it on shuffles, not on the cache's
-// bytes (H200, 4000 keys of 64 / 8 heads, d = 128: 32.4 against 16.0 µs with the split and combine).
+// bytes (half the time here, docs/performance.md).
 // The warps' softmax states merge into the split's partial in shared memory (each warp's f32 O in
 // place of its K and V tiles). Grid (splits, kv_heads * ceil(group / 16)), 32 * ATT_MMA_WARPS
 // threads, ATT_MMA_SHARED(D) bytes of dynamic shared memory; attn_dec_split's arguments but d.
@@ -365,9 +362,8 @@ ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d256, 256)
 // out[h, :] = the splits of head h merged. Grid: q_heads, d to ATT_DEC_COMBINE_THREADS threads
 // (whole warps): the block finds the splits' max together, then blockDim / d groups of d threads
 // take every (blockDim / d)-th split, ATT_DEC_COMBINE_UNROLL splits' loads in flight, and the
-// groups' sums are added in group order. (One thread per output walking all the splits took
-// 15 us of ncu time at 63 splits of d = 256; this takes 10.)
-#define ATT_DEC_COMBINE_THREADS 1024
+// groups' sums are added in group order (one thread per output walking all the splits was 1.5x
+// slower at many splits).
 #define ATT_DEC_COMBINE_UNROLL 4
 extern "C" __global__ void attn_dec_combine(bf16* out, const float* part, int d, int splits) {
     __shared__ float red[32], sa[ATT_DEC_COMBINE_THREADS], sl[ATT_DEC_COMBINE_THREADS];

@@ -3,26 +3,22 @@
 //
 // Storage: activations are bf16 (raw `unsigned short`), accumulation is f32. Small weights
 // (norms, conv taps, biases) come in their stored dtype, read through `ld`.
+//
+// Numbers the kernels share with vt-cuda (the dtype codes DT_*, SEQ_MAX, ROUTE_MAX_*, GEMV_*, ...)
+// are not defined here or in any kernel file: vt-cuda passes each as `-D NAME=value`, from its one
+// source, crates/vt-cuda/src/limits.rs.
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
 
-// Dtype codes shared with vt-cuda's `WeightKind` (crates/vt-cuda/src/weight.rs).
-#define DT_F32 0
-#define DT_BF16 1
-#define DT_F16 2
-#define DT_NVFP4 3
-
 // Values of a row each of a row kernel's 256 threads keeps in registers (rows of up to 4096; longer
 // rows re-read the rest). The row kernels issue every load of the kept part before any store: a
 // store could alias an input as far as the compiler knows, so interleaving them would serialise
-// one memory latency per value (what made these one-block kernels take ~5 us).
+// one memory latency per value (docs/performance.md).
 #define NORM_KEEP 16
 
 // Per-sequence values of a batched decode kernel (one token of each of up to SEQ_MAX sequences),
-// passed by value: device addresses of each sequence's state, or its position. Mirrors
-// vt-cuda's `SEQ_MAX` (crates/vt-cuda/src/backend.rs), which splits larger batches.
-#define SEQ_MAX 64
+// passed by value: device addresses of each sequence's state, or its position.
 struct SeqPtrs { u64 p[SEQ_MAX]; };
 struct SeqInts { int v[SEQ_MAX]; };
 
@@ -143,8 +139,7 @@ template <int KIND> __device__ __forceinline__ float w_at(const WeightDesc& w, l
 
 // Dot of weight row `row` with the f32 vector `x` across one warp (lane l takes j = l + 32 i, in
 // order); all lanes get it. Each lane has 8 weight loads in flight before their products: one at
-// a time, a row of 2048 paid 64 round trips to memory (24 µs for the shared-expert gate's single
-// row at 16 tokens, H200).
+// a time, a row of 2048 paid 64 round trips to memory.
 template <int KIND> __device__ float warp_row_dot_of(const WeightDesc& w, long long row, const float* x) {
     float acc = 0.0f;
     int j = threadIdx.x & 31;

@@ -61,7 +61,7 @@ extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows,
 }
 
 // NeoX rotary embedding over the first 2 * half features of each head; the rest copied.
-struct RopeFreqs { float f[128]; };
+struct RopeFreqs { float f[ROPE_MAX_FREQS]; };
 
 // Element i of x [t, heads, d] rotated at position pos.
 __device__ __forceinline__ void rope_one(bf16* out, const bf16* x, long long i, int heads, int d, int pos, int half, const RopeFreqs& inv,
@@ -116,7 +116,6 @@ __device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
 
 // Grid (parts, rows): block (p, r) writes the candidate of slice p of row r's `parts` equal slices
 // to cv/ci[r * parts + p]. Each thread folds its values in index order, ARGMAX_LOADS in flight.
-#define ARGMAX_LOADS 8
 extern "C" __global__ void argmax_part(float* cv, int* ci, const bf16* x, int n) {
     __shared__ float wv[32];
     __shared__ int wi[32];

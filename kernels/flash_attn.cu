@@ -12,8 +12,6 @@
 // in 16-byte chunks so ldmatrix is conflict-free): the V copy overlaps Q K^T and the next K copy
 // overlaps P V.
 
-#define FA_BN 64
-
 // bq_log2: log2 of the block's queries (ROWS / hpb, at least 16 * MI).
 template <int D, int WARPS, int MI>
 __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, int t,
@@ -227,8 +225,8 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
                                                                   int start, int window, float scale_log2, int bq_log2) {        \
         flash_attn<D, WARPS, MI>(out, q, k, v, kc, vc, t, q_heads, kv_heads, start, window, scale_log2, bq_log2);             \
     }
-// d = 128 takes two row tiles per warp (255 registers, no spills): 0.83-0.85x -> 0.95x of torch
-// SDPA at Laguna's 64/8 heads, t = 4096 / 8192 (H200); d = 256 has no registers for a second.
+// d = 128 takes two row tiles per warp (255 registers, no spills: each K / V fragment serves twice
+// the rows, docs/performance.md); d = 256 has no registers for a second.
 FA_KERNEL(flash_attn_d64, 64, 4, 1)
 FA_KERNEL(flash_attn_d128, 128, 4, 2)
 FA_KERNEL(flash_attn_d256, 256, 8, 1)

@@ -1,7 +1,6 @@
 // Gated DeltaNet: the depthwise causal conv1d + SiLU in front of it, and the gated delta rule
 // (f32 state), mirroring vt-cpu's ops/conv.rs and ops/gdn.rs.
 
-#define CONV_MAX_K 16
 
 // One thread per channel walks the t tokens; `state` [c, k-1] (bf16) holds the previous inputs
 // and is updated to the last k-1 inputs. Weight [c, k] in its stored dtype.

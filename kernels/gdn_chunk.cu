@@ -15,8 +15,7 @@
 // ldmatrix: W, Q' and K~^T leave prep rounded (the scan only multiplies them), U and O0 leave it
 // in full f32 (the scan adds them). The products are those of rounding at every read.
 
-#define GC 64    // tokens per chunk
-#define GDK 128  // key dim
+// GC: tokens per chunk; GDK: key dim.
 #define GLD 132  // row stride (floats) of [64][128] tiles: ldmatrix rows hit distinct banks
 #define GLA 68   // row stride of [.][64] tiles
 
@@ -398,7 +397,7 @@ __device__ __forceinline__ const float* opaque_ptr(const float* p) {
     return r;
 }
 
-#define GS_BV 32   // value columns per scan block
+// GS_BV: value columns per scan block.
 #define GS_LD 132  // row stride of [W; Q'] and S^T
 #define GS_LK 68   // row stride of K~^T and v'^T
 

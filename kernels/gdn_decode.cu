@@ -4,10 +4,8 @@
 // registers). Mirrors gdn.cu's token-by-token kernels; the conv output stays f32 between the two.
 // gdn_dec_state needs key_dim = value_dim = GDN_D.
 
-#define GDN_D 128
-// Value columns of one head per block: 4 blocks per head, so a single sequence's 32 heads already
-// spread over 128 blocks.
-#define GDN_COLS 32
+// GDN_COLS: value columns of one head per block: 4 blocks per head, so a single sequence's 32
+// heads already spread over 128 blocks.
 
 // Both kernels serve a batch of sequences, one token each: blockIdx.y (conv) or blockIdx.z (state)
 // is the sequence, whose row of the inputs and outputs it takes and whose state `states.p` holds.

@@ -9,10 +9,7 @@
 
 #include "weight_chunks.cuh"
 
-#define GEMV_MAX_T 8
-#define GEMV_MAX_PARTS 4
-// Rows per warp in gemv_*: each x chunk loaded is used GEMV_ROWS times.
-#define GEMV_ROWS 2
+// GEMV_ROWS: rows per warp in gemv_*, each x chunk loaded is used GEMV_ROWS times.
 // Chunks each lane loads before it computes.
 #define CHUNKS 4
 
@@ -128,9 +125,8 @@ template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, con
 // ---------------------------------------------------------------------------------------------
 // bf16 linear layers for 3..GEMV_MAX_T tokens (vt-cuda's MMA_MIN_T) on tensor cores. On CUDA
 // cores each 16-byte weight chunk costs 8 FMAs and a conversion of the chunk's inputs per token,
-// which made these layers issue-bound (H200, 8192 x 2048: 10.2 us for one token, 19.0 for four,
-// 31.3 for eight); an m16n8k16 MMA takes 16 rows x 16 inputs x all 8 token columns at once
-// (13.4 to 13.7 us for 2 to 8 tokens).
+// which made these layers issue-bound; an m16n8k16 MMA takes 16 rows x 16 inputs x all 8 token
+// columns at once (docs/performance.md).
 //
 // A dot product does not depend on the order of its terms, so the MMA's k positions can map to
 // memory in any order both operands share. Lane (g = lane / 4, q = lane % 4) loads 16 bytes at
@@ -142,13 +138,11 @@ template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, con
 //
 // Block: GEMV_MMA_WARPS warps on M 16-row tiles, warp j taking every GEMV_MMA_WARPS-th 32-input
 // chunk from chunk j (so the block reads each row 1 KB a round; a warp per tile, reading its rows
-// 128 bytes a round, kept so many rows open that a lm_head took 1.5x as long); the warps' sums
+// 128 bytes a round, kept too many rows open at once); the warps' sums
 // are added in a fixed order. k % 32 == 0. NB column tiles of 8 tokens: NB = 2 takes up to
 // GEMV_MMA_MAX_T tokens, each weight fragment serving both tiles' MMAs (a decode batch of 9 to 16
-// sequences then reads every weight once, where cuBLASLt's GEMMs ran at 1/3 to 1/2 of the bytes
-// rate, H200).
-#define GEMV_MMA_WARPS 8
-#define GEMV_MMA_MAX_T 16
+// sequences then reads every weight once, where cuBLASLt's GEMMs read them at a fraction of the
+// bandwidth).
 template <int M, int NB> __device__ void gemv_mma(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     constexpr int U = 4 / M;  // chunks a lane loads before it computes: 8 x 16 bytes in flight
     constexpr int STEP = GEMV_MMA_WARPS * U;

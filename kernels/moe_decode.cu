@@ -35,9 +35,8 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
 
 // Chunks of each row a gate/up lane has in flight before it computes, both rows of its unit at
 // once. At Qwen3.5's hidden 2048: four rounds of 2 for bf16, whose 48 registers a thread let all
-// 1152 blocks of the 8 + 1 slots be resident at once (10 a SM; rounds of 4 took 62 registers, 8
-// blocks a SM: 27.5 against 26.6 µs a bf16 MoE layer, H200, same call), and one round for NVFP4
-// (a row is 64 chunks).
+// 1152 blocks of the 8 + 1 slots be resident at once (rounds of 4 took 62 registers, fewer blocks
+// a SM, and were slower: docs/performance.md), and one round for NVFP4 (a row is 64 chunks).
 #define MOE_CHUNKS_BF16 2
 #define MOE_CHUNKS_NVFP4 2
 
@@ -116,11 +115,7 @@ __device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* sl
 // registers (210 of them), so one block of it fits an SM without spilling.
 // Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
 // of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
-#define MOE_DEC_MAX_T 16
 #define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
-#define MOE_DEC_THREADS 256
-#define MOE_DEC_WAVE_BF16 2
-#define MOE_DEC_WAVE_NVFP4 1
 
 // out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]) (down_slot: the
 // slot's down_desc, written by the gate/up kernel): a row's chunks run over the slots in order,
@@ -149,7 +144,7 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
     };
     grid_dep_wait();
     // The first token's copy is in flight while the descriptors load. (Issuing each warp's first
-    // weights before the copy instead made t = 4 slower: 83 against 72 µs a bf16 layer, H200.)
+    // weights before the copy instead was slower at t = 4.)
     stage(first / groups);
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
         dn[s] = down_desc[s];

@@ -12,11 +12,9 @@
 
 #include "route.cuh"
 
-#define MP_BM 64            // slots per GEMM tile (the NVFP4 kernels take 128: w4a16.cu)
-#define MP_THREADS 128      // GEMM block: 2 x 2 warps of 32 x 64
-#define MP_BN 128           // weight rows per GEMM tile
-#define MP_BK 64            // inputs per pipeline stage
-#define MP_STAGES 3         // 3 * (64 + 128) * 64 bf16 = 72 KiB of dynamic shared memory
+// GEMM tiles: MP_BM slots (the NVFP4 kernels take 128: w4a16.cu) x MP_BN weight rows, MP_BK
+// inputs per pipeline stage, MP_STAGES stages (3 * (64 + 128) * 64 bf16 = 72 KiB of dynamic shared
+// memory), MP_THREADS threads (2 x 2 warps of 32 x 64).
 #define MP_CPR (MP_BK / 8)  // 16-byte chunks per tile row
 
 // One warp per token (route_warp): ids / weights [t, top_k] in rank order; counts[e] += the tokens

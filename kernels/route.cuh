@@ -16,8 +16,7 @@ struct RouteArgs {
     float scaling;
     int pad;
 };
-#define ROUTE_MAX_EXP 512  // experts route_warp takes: ROUTE_MAX_EXP / 32 choice values per lane
-#define ROUTE_MAX_K 32     // top-k: a choice per lane
+// ROUTE_MAX_EXP experts at most (ROUTE_MAX_EXP / 32 choice values a lane), top-k <= ROUTE_MAX_K.
 
 // One choice of a token: lane r < top_k holds its rank-r expert and weight.
 struct Choice {

@@ -13,8 +13,22 @@ import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-# Keep in step with crates/vt-cuda/src/kernels.rs (`nvrtc_options`).
+# Keep in step with crates/vt-cuda/src/kernels.rs (`options`); `defines` adds limits.rs's numbers.
 OPTIONS = ["--gpu-architecture=sm_90", "--std=c++17", "-default-device"]
+
+
+def defines():
+    """`-DNAME=value` for every number of crates/vt-cuda/src/limits.rs (`NAME: type = value;`
+    lines in its `shared!` block, a value a number or an expression of earlier names), as
+    vt-cuda passes them."""
+    text = open(os.path.join(ROOT, "crates", "vt-cuda", "src", "limits.rs")).read()
+    block = text[text.index("shared! {"):]
+    values = {}
+    for name, expr in re.findall(r"^\s*(\w+): \w+ = (.+);$", block, re.M):
+        values[name] = int(eval(re.sub(r"(?<=\d)_(?=\d)", "", expr), {"__builtins__": {}}, dict(values)))
+    if not values:
+        sys.exit("check_kernels: no numbers found in limits.rs")
+    return [f"-D{name}={value}" for name, value in values.items()]
 
 
 def find_in_wheels(pattern, wheel):
@@ -57,7 +71,7 @@ def compile_kernel_file(lib, path, extra=()):
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(path).encode(), 0, None, None)
     if rc != 0:
         sys.exit(f"nvrtcCreateProgram({path}) = {rc}")
-    options = OPTIONS + list(extra)
+    options = OPTIONS + defines() + list(extra)
     opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
     rc = lib.nvrtcCompileProgram(prog, len(options), opts)
     size = ctypes.c_size_t()

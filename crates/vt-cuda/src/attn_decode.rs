@@ -7,19 +7,17 @@
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use vt_core::Result;
 
-use crate::backend::{i32_of, SEQ_MAX};
+use crate::backend::i32_of;
 use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
+use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D, SEQ_MAX};
 use crate::CudaBackend;
 
-/// The shortest split (positions), `ATT_DEC_MAX_D` and `ATT_DEC_COMBINE_THREADS` of
-/// kernels/attn_decode.cu.
+/// The shortest split (positions).
 const SPLIT: usize = 64;
-const MAX_D: usize = 256;
-const COMBINE_THREADS: usize = 1024;
 
 pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
-    t == 1 && head_dim.is_multiple_of(8) && head_dim <= MAX_D
+    t == 1 && head_dim.is_multiple_of(8) && head_dim <= ATT_DEC_MAX_D
 }
 
 /// Device addresses of one decode call: out and q `[1, q_heads, d]`, k and v `[1, kv_heads, d]`,
@@ -148,7 +146,8 @@ pub(crate) fn launch_seqs(
     // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (kv.rs and fits checked). The kernel starts
     // with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
-    // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to merge.
+    // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to
+    // merge.
     combine(b, o.out, pp, seqs * q_heads, d, splits)
 }
 
@@ -189,9 +188,8 @@ impl<'a> SplitKernel<'a> {
     }
 
     /// Positions per split over `keys` positions, for `rows` blocks per split (KV heads' blocks
-    /// times sequences): 64, doubled while the launch has more than 4 blocks per SM. (H200, 64 / 8
-    /// heads at d = 128: 4000 keys take 16.0 µs in splits of 64 and 19.7 in splits of 256; 32000
-    /// keys take 96.8 µs in splits of 64, 51.7 in 256, 41.8 in 512 and 52.2 in 1024.)
+    /// times sequences): 64, doubled while the launch has more than 4 blocks per SM, so a long
+    /// cache is neither a handful of long splits nor waves of short ones (docs/performance.md).
     fn split_len(&self, b: &CudaBackend, keys: usize, rows: usize) -> usize {
         let mut split = SPLIT;
         while split < keys && keys.div_ceil(split) * rows > 4 * b.k().sm_count {
@@ -243,15 +241,20 @@ fn combine(b: &CudaBackend, out: u64, part: u64, heads: usize, d: usize, splits:
     let (di, sp) = (d as i32, i32_of(splits, "splits")?);
     let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
     l.arg(&out).arg(&part).arg(&di).arg(&sp);
-    // A group of d threads per 8 splits, 256 threads at least, up to ATT_DEC_COMBINE_THREADS
-    // (kernels/attn_decode.cu): a large block only where there are many splits to share out
-    // (H200: a 512-key window's 8 splits of d = 128 took 18.7 us with a group per split).
-    let groups = (splits / 8).clamp(1, COMBINE_THREADS / d);
-    let threads = (d * groups).max(256).next_multiple_of(32).min(COMBINE_THREADS);
+    // A group of d threads per 8 splits, 256 threads at least, up to ATT_DEC_COMBINE_THREADS: a
+    // large block only where there are many splits to share out (docs/performance.md).
+    let groups = (splits / 8).clamp(1, ATT_DEC_COMBINE_THREADS / d);
+    let threads = (d * groups).max(256).next_multiple_of(32).min(ATT_DEC_COMBINE_THREADS);
     let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attn_dec_combine(bf16* out, const float* part, int d, int splits): one block per
     // head of d..=1024 threads (whole warps) over the partials written before it on this stream
     // (heads * splits * (d + 2) floats); out holds heads * d values.
     // The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_combine") }
+}
+
+/// The tensor-core kernels' shared memory is what `mma_shared` gives (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    [64, 128, 256].map(|d| crate::kernels::c_equal(&format!("ATT_MMA_SHARED({d})"), mma_shared(d))).to_vec()
 }

@@ -19,26 +19,15 @@ use crate::blas::Gemm;
 use crate::kernels::Kernels;
 use crate::kv::CudaKvCache;
 use crate::launch::Overlapped;
+use crate::limits::{ARGMAX_LOADS, CONV_MAX_K, ROPE_MAX_FREQS, SEQ_MAX};
 use crate::record::{CudaStepGraph, Recording};
 use crate::weight::{float_code, WeightDesc};
 
 /// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
-/// Largest head dimension of the attention kernel (`ATT_MAX_D`), conv taps (`CONV_MAX_K`), rotary
-/// frequencies (`RopeFreqs`) and top-k (`ROUTE_MAX_K`) in kernels/*.cu.
-pub(crate) const MAX_HEAD_DIM: usize = 256;
-const MAX_CONV_TAPS: usize = 16;
-const MAX_ROPE_FREQS: usize = 128;
-pub(crate) const MAX_TOP_K: usize = 32;
-/// Sequences one launch of a batched decode kernel serves (`SEQ_MAX` of kernels/common.cuh, the
-/// length of its by-value `SeqPtrs` and `SeqInts`); larger batches take several launches.
-pub(crate) const SEQ_MAX: usize = 64;
-
-/// Threads of an `argmax_part` block and the values each loads per round (`ARGMAX_LOADS` of
-/// kernels/elementwise.cu).
+/// Threads of an `argmax_part` block.
 const ARGMAX_THREADS: usize = 256;
-const ARGMAX_LOADS: usize = 8;
 
 /// Dynamic shared memory a kernel may use without opting in (48 KiB).
 pub(crate) const MAX_SHARED: usize = 48 << 10;
@@ -80,10 +69,10 @@ pub(crate) fn grid1(n: usize) -> LaunchConfig {
 }
 
 /// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
-fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; MAX_ROPE_FREQS], i32)> {
+fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROPE_MAX_FREQS], i32)> {
     let half = rope.inv_freq.len();
-    check(2 * half <= dim && half <= MAX_ROPE_FREQS, op, || format!("rotary dim {} with head dim {dim}", 2 * half))?;
-    let mut freqs = [0.0f32; MAX_ROPE_FREQS];
+    check(2 * half <= dim && half <= ROPE_MAX_FREQS, op, || format!("rotary dim {} with head dim {dim}", 2 * half))?;
+    let mut freqs = [0.0f32; ROPE_MAX_FREQS];
     freqs[..half].copy_from_slice(&rope.inv_freq);
     Ok((freqs, half as i32))
 }
@@ -665,7 +654,7 @@ impl Backend for CudaBackend {
         };
         check(
             x.last_dim() == channels
-                && (1..=MAX_CONV_TAPS).contains(&kernel)
+                && (1..=CONV_MAX_K).contains(&kernel)
                 && state.shape() == [channels, kernel - 1]
                 && state.dtype() == DType::BF16,
             "causal_conv1d",

@@ -8,6 +8,7 @@ use vt_core::Result;
 
 use crate::backend::launched;
 use crate::kernels::allow_shared;
+use crate::limits::FA_BN;
 use crate::CudaBackend;
 
 /// Warps per block and 16-row tiles per warp for a head dimension (`FA_KERNEL` in flash_attn.cu).
@@ -18,9 +19,6 @@ fn shape(head_dim: usize) -> (usize, usize) {
         _ => (4, 1),
     }
 }
-
-/// Keys per shared-memory tile (`FA_BN`).
-const KEYS: usize = 64;
 
 /// Heads of one KV group a block takes: the largest power of two dividing the group that leaves
 /// each warp's rows inside one head.
@@ -35,7 +33,7 @@ fn heads_per_block(group: usize, warps: usize) -> usize {
 /// Dynamic shared memory (bytes) of a block: its query rows and one K and one V tile.
 fn shared_bytes(head_dim: usize) -> usize {
     let (warps, tiles) = shape(head_dim);
-    (16 * tiles * warps + 2 * KEYS) * head_dim * 2
+    (16 * tiles * warps + 2 * FA_BN) * head_dim * 2
 }
 
 /// Whether the flash kernel takes this call on a device whose blocks may use `max_shared` bytes

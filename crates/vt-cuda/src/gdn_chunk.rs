@@ -9,14 +9,11 @@ use vt_core::Result;
 
 use crate::backend::{i32_of, launched};
 use crate::kernels::allow_shared;
+use crate::limits::{GC, GDK, GS_BV};
 use crate::CudaBackend;
 
-/// `GC`, `GDK` and the 32 value columns of a scan block in kernels/gdn_chunk.cu.
-const CHUNK: usize = 64;
-const KEY_DIM: usize = 128;
-const SCAN_COLS: usize = 32;
 /// Dynamic shared memory (bytes) of gdn_chunk_prep (`GP_SHARED` floats, 2 blocks per SM) and
-/// gdn_chunk_scan, as their comments give.
+/// gdn_chunk_scan (checked against the kernels' by the tests).
 const PREP_SHARED: usize = ((128 + 128) * 68 + 2 * 64 * 68 + 4 * 64) * 4;
 const SCAN_SHARED: usize = (2 * 128 * 132 + 2 * 128 * 68 + 32 * 132 + 32 * 68) * 4;
 /// Threads of either kernel's block.
@@ -25,7 +22,7 @@ const THREADS: u32 = 256;
 /// Whether the chunked kernels take this call on a device whose blocks may use `max_shared`
 /// bytes of shared memory (the scan needs 225 KiB: sm_90; elsewhere the recurrent kernel runs).
 pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize, max_shared: usize) -> bool {
-    t > 1 && key_dim == KEY_DIM && matches!(value_dim, 64 | 128) && PREP_SHARED.max(SCAN_SHARED) <= max_shared
+    t > 1 && key_dim == GDK && matches!(value_dim, 64 | 128) && PREP_SHARED.max(SCAN_SHARED) <= max_shared
 }
 
 /// Device addresses of one call, as backend.rs checked them: q, k `[t, key_heads, 128]`, v and
@@ -53,13 +50,13 @@ pub(crate) fn run(
     value_heads: usize,
     value_dim: usize,
 ) -> Result<()> {
-    let chunks = t.div_ceil(CHUNK);
+    let chunks = t.div_ceil(GC);
     let per = chunks * value_heads;
     // f32 scratch: [W; Q'] [128, 128], K~^T [128, 64], [U; O0] [128, dv] and exp(c_L) per
     // (chunk, head); freed in stream order after the scan.
-    let wq = b.buffer(per * 2 * CHUNK * KEY_DIM * 4)?;
-    let kt = b.buffer(per * KEY_DIM * CHUNK * 4)?;
-    let uo = b.buffer(per * 2 * CHUNK * value_dim * 4)?;
+    let wq = b.buffer(per * 2 * GC * GDK * 4)?;
+    let kt = b.buffer(per * GDK * GC * 4)?;
+    let uo = b.buffer(per * 2 * GC * value_dim * 4)?;
     let decay = b.buffer(per * 4)?;
     let (pwq, pkt, puo, pdec) = (wq.ptr(), kt.ptr(), uo.ptr(), decay.ptr());
     let (prep, scan, names) = if value_dim == 64 {
@@ -68,7 +65,7 @@ pub(crate) fn run(
         (&b.k().gdn_chunk_prep_v128, &b.k().gdn_chunk_scan_v128, ["gdn_chunk_prep_v128", "gdn_chunk_scan_v128"])
     };
     let (ti, kh, vh) = (i32_of(t, "tokens")?, i32_of(key_heads, "key heads")?, i32_of(value_heads, "value heads")?);
-    let qmul = (KEY_DIM as f64).powf(-0.5) as f32;
+    let qmul = (GDK as f64).powf(-0.5) as f32;
 
     allow_shared(prep, PREP_SHARED, names[0])?;
     let mut l = b.stream().launch_builder(prep);
@@ -106,7 +103,7 @@ pub(crate) fn run(
     let mut l = b.stream().launch_builder(scan);
     l.arg(&p.out).arg(&p.state).arg(&pwq).arg(&pkt).arg(&puo).arg(&pdec).arg(&ti).arg(&vh);
     let cfg = LaunchConfig {
-        grid_dim: (value_heads as u32, (value_dim / SCAN_COLS) as u32, 1),
+        grid_dim: (value_heads as u32, (value_dim / GS_BV) as u32, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: SCAN_SHARED as u32,
     };
@@ -116,6 +113,16 @@ pub(crate) fn run(
     // (stream-ordered), out [t, value_heads, dv], state [value_heads, 128, dv], all whole
     // allocations, so their 16-byte (cp.async) and 8-byte (float2) accesses are aligned.
     launched(unsafe { l.launch(cfg) }, names[1])
+}
+
+/// The kernels' shared memory is what PREP_SHARED and SCAN_SHARED say (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    use crate::kernels::c_equal;
+    vec![
+        c_equal("GP_SHARED * 4", PREP_SHARED),
+        c_equal("(2 * 2 * GC * GS_LD + 2 * GDK * GS_LK + GS_BV * GS_LD + GS_BV * GS_LK) * 4", SCAN_SHARED),
+    ]
 }
 
 #[cfg(test)]

@@ -7,14 +7,11 @@
 use cudarc::driver::LaunchConfig;
 use vt_core::{DType, GdnState, GdnStep, Result, Tensor};
 
-use crate::backend::{act, i32_of, SEQ_MAX};
+use crate::backend::{act, i32_of};
 use crate::launch::Overlapped;
+use crate::limits::{CONV_MAX_K, GDN_COLS, GDN_D, SEQ_MAX};
 use crate::weight::float_code;
 use crate::CudaBackend;
-
-/// `GDN_D` and `GDN_COLS` of kernels/gdn_decode.cu.
-const D: usize = 128;
-const COLS: usize = 32;
 
 /// The fused step when the kernels take these shapes; `None` sends the caller to the composed ops.
 pub(crate) fn step(
@@ -23,20 +20,20 @@ pub(crate) fn step(
     states: &mut [GdnState<'_, CudaBackend>],
 ) -> Result<Option<Tensor<CudaBackend>>> {
     let (kh, vh, n) = (s.key_heads, s.value_heads, states.len());
-    let channels = (2 * kh + vh) * D;
+    let channels = (2 * kh + vh) * GDN_D;
     let taps = s.conv.shape().get(1).copied().unwrap_or(0);
-    let fits = s.key_dim == D
-        && s.value_dim == D
+    let fits = s.key_dim == GDN_D
+        && s.value_dim == GDN_D
         && kh > 0
         && vh % kh == 0
         && n > 0
         && s.qkv.shape() == [n, channels]
         && s.conv.shape() == [channels, taps]
-        && (1..=16).contains(&taps)
+        && (1..=CONV_MAX_K).contains(&taps)
         && states.iter().all(|st| {
             st.conv.shape() == [channels, taps - 1]
                 && st.conv.dtype() == DType::BF16
-                && st.recurrent.shape() == [vh, D, D]
+                && st.recurrent.shape() == [vh, GDN_D, GDN_D]
                 && st.recurrent.dtype() == DType::F32
         })
         && s.a.shape() == [n, vh]
@@ -52,7 +49,7 @@ pub(crate) fn step(
     let (pal, al_dt, pdt, dt_dt) =
         (s.a_log.buffer().ptr(), float_code(s.a_log, op)?, s.dt_bias.buffer().ptr(), float_code(s.dt_bias, op)?);
     let conv_out = b.buffer(n * channels * 4)?;
-    let out = b.empty(DType::BF16, &[n, vh, D])?;
+    let out = b.empty(DType::BF16, &[n, vh, GDN_D])?;
     let (ci, ki, khi, vhi) = (i32_of(channels, "channels")?, taps as i32, kh as i32, i32_of(vh, "value heads")?);
     for (c, chunk) in states.chunks(SEQ_MAX).enumerate() {
         let (first, seqs) = ((c * SEQ_MAX) as u64, chunk.len() as u32);
@@ -65,7 +62,7 @@ pub(crate) fn step(
         let px = px + first * channels as u64 * 2;
         let (pa, pb) = (pa + first * vh as u64 * 2, pb + first * vh as u64 * 2);
         let pc = conv_out.ptr() + first * channels as u64 * 4;
-        let po = out.buffer().ptr() + first * (vh * D) as u64 * 2;
+        let po = out.buffer().ptr() + first * (vh * GDN_D) as u64 * 2;
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_conv);
         l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&conv_states).arg(&ci).arg(&ki);
@@ -75,26 +72,27 @@ pub(crate) fn step(
             shared_mem_bytes: 0,
         };
         // SAFETY: gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states,
-        // int c, int k): a thread per channel, blockIdx.y the sequence (seqs <= SEQ_MAX, the array's
-        // length); x holds the chunk's [seqs, c] bf16 rows, out as many f32, w [c, k] (dtype wdt),
-        // each states.p[i] a bf16 [c, k - 1] tensor (checked above); the kernel starts with
-        // grid_dep_begin.
+        // int c, int k): a thread per channel, blockIdx.y the sequence (seqs <= SEQ_MAX, the
+        // array's length); x holds the chunk's [seqs, c] bf16 rows, out as many f32, w [c, k]
+        // (dtype wdt), each states.p[i] a bf16 [c, k - 1] tensor (checked above); the kernel starts
+        // with grid_dep_begin.
         unsafe { l.launch(cfg, "gdn_dec_conv")? };
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_state);
         l.arg(&po).arg(&pc).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt);
         l.arg(&rec_states).arg(&khi).arg(&vhi);
         let cfg = LaunchConfig {
-            grid_dim: (vh as u32, (D / COLS) as u32, seqs),
+            grid_dim: (vh as u32, (GDN_D / GDN_COLS) as u32, seqs),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const
         // void* a_log, int, const void* dt_bias, int, SeqPtrs states, int key_heads, int
-        // value_heads): grid (vh, D / COLS, seqs) of 256 threads; qkv holds the chunk's seqs rows of
-        // (2 kh + vh) * D floats (written above on this stream), a/b seqs rows of vh values,
-        // a_log/dt_bias vh values, each states.p[i] an f32 [vh, D, D] tensor, out seqs rows of
-        // vh * D values; vh % kh == 0 (checked above). The kernel starts with grid_dep_begin.
+        // value_heads): grid (vh, GDN_D / GDN_COLS, seqs) of 256 threads; qkv holds the chunk's
+        // seqs rows of (2 kh + vh) * GDN_D floats (written above on this stream), a/b seqs rows of
+        // vh values, a_log/dt_bias vh values, each states.p[i] an f32 [vh, GDN_D, GDN_D] tensor,
+        // out seqs rows of vh * GDN_D values; vh % kh == 0 (checked above). The kernel starts with
+        // grid_dep_begin.
         unsafe { l.launch(cfg, "gdn_dec_state")? };
     }
     Ok(Some(out))

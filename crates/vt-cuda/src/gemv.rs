@@ -8,17 +8,11 @@ use vt_core::{DType, Result, Weight};
 
 use crate::backend::i32_of;
 use crate::launch::Overlapped;
+use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// Most tokens of one GEMV call (`GEMV_MAX_T`) on CUDA cores, and on tensor cores
-/// (`GEMV_MMA_MAX_T`: two 8-token MMA column tiles).
-pub(crate) const MAX_T: usize = 8;
-const MMA_MAX_T: usize = 16;
-/// Most weights of one launch (`GEMV_MAX_PARTS`).
-pub(crate) const MAX_PARTS: usize = 4;
-/// Rows per warp (`GEMV_ROWS`); a block's 4 warps take 4 / ks row pairs, ks warps per pair.
-const ROWS_PER_GROUP: usize = 2;
+// A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
 /// Blocks (of one warp per row pair) below which the CUDA-core kernels split rows over 4 warps,
 /// and over 2: about 8 and 32 warps per SM of the H200's 132, what keeps enough loads in flight.
 const SPLIT_4_BELOW: usize = 1024;
@@ -28,11 +22,11 @@ const SPLIT_2_BELOW: usize = 4096;
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct GemvParts {
-    w: [WeightDesc; MAX_PARTS],
-    y: [u64; MAX_PARTS],
-    n: [i32; MAX_PARTS],
-    ld: [i32; MAX_PARTS],
-    first_block: [i32; MAX_PARTS],
+    w: [WeightDesc; GEMV_MAX_PARTS],
+    y: [u64; GEMV_MAX_PARTS],
+    n: [i32; GEMV_MAX_PARTS],
+    ld: [i32; GEMV_MAX_PARTS],
+    first_block: [i32; GEMV_MAX_PARTS],
     parts: i32,
     ks: i32,
     f32_out: i32,
@@ -44,19 +38,13 @@ struct GemvParts {
 unsafe impl DeviceRepr for GemvParts {}
 
 /// Rows of a launch from which one token still takes the t <= 8 kernels: the single-token ones'
-/// extra resident blocks pay on layers of thousands of rows, but made a 248k-row lm_head 5 % slower
-/// (221 -> 233 µs).
+/// extra resident blocks pay on layers of thousands of rows, but slow a lm_head of hundreds of
+/// thousands (docs/performance.md).
 const T1_MAX_ROWS: usize = 1 << 16;
 
-/// Tokens from which bf16 rows take the tensor-core kernels. H200, µs for 2 / 3 / 4 / 8 tokens
-/// (CUDA cores against tensor cores): [8192, 2048] 12.9 / 15.9 / 19.0 / 31.3 against 13.4 / 13.4 /
-/// 13.6 / 13.7; [2048, 4096] 9.1 / 11.1 / 12.9 / 20.7 against 11.6 / 11.7 / 12.0 / 12.4; a
-/// [248320, 2048] lm_head 234 / 269 / 311 / 496 against 254 / 256 / 258 / 267.
+/// Tokens from which bf16 rows take the tensor-core kernels: from 3 they beat the CUDA cores on
+/// every measured shape, at 2 not (docs/performance.md).
 const MMA_MIN_T: usize = 3;
-/// Warps of a tensor-core block (`GEMV_MMA_WARPS`), all on one tile group's rows: each row is
-/// then read 1 KB a round by the block. (A warp per group of 32 rows, each row read 128 bytes a
-/// round, left 90k rows of a lm_head open at once: 394 µs against 254.)
-const MMA_WARPS: usize = 8;
 /// Rows of a launch from which a tensor-core block takes two 16-row tiles (each input chunk it
 /// loads then serves 32 rows), still leaving 256 blocks.
 const MMA_TWO_TILES_ROWS: usize = 8192;
@@ -72,32 +60,32 @@ struct Tiling<'a> {
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole 32-code
 /// chunks) for `t` tokens in a launch of `rows` rows, and its tiling; `None` where none does. One
-/// token has its own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens bf16 rows
-/// of whole 32-input chunks take the tensor-core kernels, up to MMA_MAX_T (the other kernels up
-/// to MAX_T).
+/// token has its own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens bf16 rows of
+/// whole 32-input chunks take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up
+/// to GEMV_MAX_T).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
     let cores = |f| {
-        let ks = match rows.div_ceil(ROWS_PER_GROUP * 4) {
+        let ks = match rows.div_ceil(GEMV_ROWS * 4) {
             b if b < SPLIT_4_BELOW => 4,
             b if b < SPLIT_2_BELOW => 2,
             _ => 1,
         };
-        Some(Tiling { f, group_rows: ROWS_PER_GROUP, warps: 4, ks })
+        Some(Tiling { f, group_rows: GEMV_ROWS, warps: 4, ks })
     };
     let kf = b.k();
     match w {
-        _ if t == 0 || t > MMA_MAX_T => None,
+        _ if t == 0 || t > GEMV_MMA_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
-            let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > MAX_T) {
+            let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
                 (true, false) => (&kf.gemv_bf16_mma2, 2),
                 (false, false) => (&kf.gemv_bf16_mma1, 1),
                 (true, true) => (&kf.gemv_bf16_mma2_t16, 2),
                 (false, true) => (&kf.gemv_bf16_mma1_t16, 1),
             };
-            Some(Tiling { f, group_rows: 16 * tiles, warps: MMA_WARPS, ks: MMA_WARPS })
+            Some(Tiling { f, group_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS })
         }
-        _ if t > MAX_T => None,
+        _ if t > GEMV_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
             cores(if one { &kf.gemv_bf16_t1 } else { &kf.gemv_bf16 })
         }
@@ -152,16 +140,16 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let same = |w: &Weight<CudaBackend>| {
         w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g.f, tiling.f))
     };
-    if parts.len() > MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
+    if parts.len() > GEMV_MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
         return Ok(false);
     }
     let Tiling { f, group_rows, warps, ks } = tiling;
     let mut p = GemvParts {
-        w: [WeightDesc::of(first, "linear")?; MAX_PARTS],
-        y: [0; MAX_PARTS],
-        n: [0; MAX_PARTS],
-        ld: [0; MAX_PARTS],
-        first_block: [0; MAX_PARTS],
+        w: [WeightDesc::of(first, "linear")?; GEMV_MAX_PARTS],
+        y: [0; GEMV_MAX_PARTS],
+        n: [0; GEMV_MAX_PARTS],
+        ld: [0; GEMV_MAX_PARTS],
+        first_block: [0; GEMV_MAX_PARTS],
         parts: parts.len() as i32,
         ks: ks as i32,
         f32_out: matches!(out, Out::F32 { .. }) as i32,
@@ -191,12 +179,18 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     };
     // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks
     // rows per block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
-    // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T
-    // (t = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight
-    // of this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32
-    // inputs for the tensor-core kernels); x holds t * k values, each y[i] t rows of ld[i] (>= n[i]:
-    // bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer). The
-    // kernel reads only weights before grid_dep_wait.
+    // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T (t
+    // = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of
+    // this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32
+    // inputs for the tensor-core kernels); x holds t * k values, each y[i] t rows of ld[i] (>=
+    // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).
+    // The kernel reads only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv")? };
     Ok(true)
+}
+
+/// The C struct's layout is this one's (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    crate::kernels::c_layout!(GemvParts { w, y, n, ld, first_block, parts, ks, f32_out, pad })
 }

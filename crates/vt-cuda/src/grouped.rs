@@ -13,18 +13,15 @@ use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 
 use crate::alloc::driver_err;
-use crate::backend::{act, grid1, i32_of, launched, MAX_TOP_K};
+use crate::backend::{act, grid1, i32_of, launched};
 use crate::kernels::allow_shared;
-use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
+use crate::limits::{MP_BK, MP_BM, MP_BN, MP_STAGES, MP_THREADS, ROUTE_MAX_EXP, ROUTE_MAX_K};
+use crate::moe::{build_table, RouteArgs};
 use crate::w4a16;
 use crate::CudaBackend;
 
-/// `MP_BM`, `MP_BN`, `MP_THREADS` and `MP_STAGES * (MP_BM + MP_BN) * MP_BK` bf16 of
-/// kernels/moe_prefill.cu.
-const TILE_ROWS: usize = 64;
-const TILE_COLS: usize = 128;
-const GEMM_THREADS: u32 = 128;
-const GEMM_SHARED: usize = 3 * (64 + 128) * 64 * 2;
+/// Dynamic shared memory of the bf16 GEMMs: MP_STAGES stages of an A and a B tile.
+const GEMM_SHARED: usize = MP_STAGES * (MP_BM + MP_BN) * MP_BK * 2;
 
 /// Tiles of `rows` slots that any routing of `slots` over `n_exp` experts can need:
 /// sum(ceil(count_e / rows)) <= slots / rows + n_exp. The GEMM grids' second dimension.
@@ -46,13 +43,13 @@ fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
 pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     x.rows() > 1
-        && tile_bound(x.rows() * router.kind.top_k(), n_exp, TILE_ROWS.min(w4a16::MOE_TILE_ROWS)) <= 65535
+        && tile_bound(x.rows() * router.kind.top_k(), n_exp, MP_BM.min(w4a16::MOE_TILE_ROWS)) <= 65535
         && x.last_dim() == h
         && h % 8 == 0
         && inter % 8 == 0
         && n_exp % 8 == 0
-        && n_exp <= ROUTE_MAX_EXPERTS
-        && (1..=MAX_TOP_K.min(n_exp)).contains(&router.kind.top_k())
+        && n_exp <= ROUTE_MAX_EXP
+        && (1..=ROUTE_MAX_K.min(n_exp)).contains(&router.kind.top_k())
         && is_bf16(&router.weight.weight)
         && router.weight.weight.dims() == (n_exp, h)
         && [is_bf16, is_nvfp4].iter().any(|f| experts.experts.iter().all(|e| f(&e.gate) && f(&e.up) && f(&e.down)))
@@ -80,7 +77,7 @@ pub(crate) fn moe(
         let (gu, dn) = (&b.k().moe_gemm_gate_up, &b.k().moe_gemm_down);
         allow_shared(gu, GEMM_SHARED, "moe_gemm_gate_up")?;
         allow_shared(dn, GEMM_SHARED, "moe_gemm_down")?;
-        (table.descs(), gu, dn, GEMM_THREADS, GEMM_SHARED, TILE_ROWS)
+        (table.descs(), gu, dn, MP_THREADS, GEMM_SHARED, MP_BM)
     };
     let Weight::Dense(rw) = &router.weight.weight else { unreachable!("fits() checked a dense router") };
 
@@ -136,7 +133,7 @@ pub(crate) fn moe(
     l.arg(&poff).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&ne).arg(&tile_rows_i);
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_plan(int* offsets, int* tiles, int* n_tiles, const int* counts, int
-    // n_exp, int tile_rows): one block of the 256 threads it is written for, n_exp <= ROUTE_MAX_EXPERTS
+    // n_exp, int tile_rows): one block of the 256 threads it is written for, n_exp <= ROUTE_MAX_EXP
     // = 512 (fits), tile_rows the row count of the GEMM kernels launched below (64 or 128);
     // offsets n_exp ints; tiles holds 2 * max_tiles ints, and the tiles of any routing number
     // sum(ceil(count_e / tile_rows)) <= slots / tile_rows + n_exp = max_tiles.
@@ -150,8 +147,8 @@ pub(crate) fn moe(
     launched(unsafe { l.launch(grid1(slots)) }, "moe_prefill_scatter")?;
 
     let gemm_cfg = |n_out: usize| LaunchConfig {
-        grid_dim: (n_out.div_ceil(TILE_COLS) as u32, max_tiles as u32, 1),
-        block_dim: (threads, 1, 1),
+        grid_dim: (n_out.div_ceil(MP_BN) as u32, max_tiles as u32, 1),
+        block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     let mut l = b.stream().launch_builder(gate_up);
@@ -176,7 +173,7 @@ pub(crate) fn moe(
     let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_prefill_combine(bf16* out, const bf16* y, const int* slot_pos, const int*
     // ids, const float* weights, int top_k, int hidden): one block of 256 threads per token,
-    // top_k <= 32 (MAX_TOP_K), hidden % 4 == 0 (its 8-byte loads of y and stores into out, fresh
+    // top_k <= 32 (ROUTE_MAX_K), hidden % 4 == 0 (its 8-byte loads of y and stores into out, fresh
     // allocations, stay aligned); every slot_pos < slots rows of y.
     launched(unsafe { l.launch(cfg) }, "moe_prefill_combine")?;
     Ok(out)

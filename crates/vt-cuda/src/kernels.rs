@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use vt_core::{Error, Result};
 
 use crate::alloc::driver_err;
+use crate::limits::DEFINES;
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
@@ -48,18 +49,21 @@ fn source(file: &str, src: &str) -> Result<String> {
     Ok(out)
 }
 
+/// NVRTC's options for `arch`: the language, and limits.rs's numbers as defines.
+fn options(arch: &str) -> Vec<String> {
+    // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`, `defines`).
+    let mut o = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()];
+    o.extend(DEFINES.iter().map(|(name, value)| format!("-D{name}={value}")));
+    o
+}
+
 /// PTX of every `(file, source)`, in order, compiled for `arch` side by side (NVRTC is CPU work and
 /// the files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
 fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
-    // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`).
     sources
         .par_iter()
         .map(|&(file, src)| {
-            let opts = CompileOptions {
-                options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()],
-                name: Some(file.into()),
-                ..Default::default()
-            };
+            let opts = CompileOptions { options: options(arch), name: Some(file.into()), ..Default::default() };
             compile_ptx_with_opts(source(file, src)?, opts)
                 .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
         })
@@ -134,9 +138,33 @@ pub(crate) fn allow_shared(f: &CudaFunction, bytes: usize, name: &str) -> Result
         .map_err(|e| driver_err(&format!("{name}: {bytes} bytes of shared memory"), e))
 }
 
+/// `static_assert`s, for a kernel file, that the C struct of the same name as Rust's `#[repr(C)]`
+/// twin has its size and field offsets (`__INTADDR__`: NVRTC's front end has no offsetof).
+#[cfg(test)]
+macro_rules! c_layout {
+    ($ty:ident { $($field:ident),* $(,)? }) => {{
+        let name = stringify!($ty);
+        let mut checks = vec![format!("static_assert(sizeof({name}) == {});", std::mem::size_of::<$ty>())];
+        $(checks.push(format!(
+            "static_assert(__INTADDR__(&(({name}*)0)->{}) == {});",
+            stringify!($field),
+            std::mem::offset_of!($ty, $field)
+        ));)*
+        checks
+    }};
+}
+#[cfg(test)]
+pub(crate) use c_layout;
+
+/// A `static_assert` that the C expression `expr` is `value` (a size both sides compute).
+#[cfg(test)]
+pub(crate) fn c_equal(expr: &str, value: usize) -> String {
+    format!("static_assert(({expr}) == {value});")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{compile_all, NAMES, SOURCES};
+    use super::{compile_all, options, source, CompileOptions, NAMES, SOURCES};
 
     /// Needs libnvrtc on the library path (no GPU): the files compile side by side and each PTX
     /// lands with its own file.
@@ -148,6 +176,29 @@ mod tests {
             let text = ptx.to_src();
             for name in *names {
                 assert!(text.contains(&format!(".entry {name}(")), "{file}: no kernel {name} in its PTX");
+            }
+        }
+    }
+
+    /// What a kernel file and this crate both state agrees: NVRTC (front end only) checks each
+    /// file's `static_assert`s on the sizes and layouts the Rust side computes.
+    #[test]
+    fn the_kernels_mirror_this_crates_layouts_and_sizes() {
+        let mirrors = [
+            ("gemv.cu", [crate::weight::mirrors(), crate::gemv::mirrors()].concat()),
+            ("moe_decode.cu", [crate::moe::mirrors(), crate::moe_decode::mirrors()].concat()),
+            ("moe_prefill.cu", crate::moe::mirrors()),
+            ("attn_decode.cu", crate::attn_decode::mirrors()),
+            ("gdn_chunk.cu", crate::gdn_chunk::mirrors()),
+        ];
+        for (file, checks) in mirrors {
+            let (_, src) = SOURCES.iter().find(|(f, _)| *f == file).unwrap();
+            let text = format!("{}\n{}\n", source(file, src).unwrap(), checks.join("\n"));
+            let mut options = options("sm_90");
+            options.push("-fdevice-syntax-only".into());
+            let opts = CompileOptions { options, name: Some(file.into()), ..Default::default() };
+            if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(text, opts) {
+                panic!("{file} disagrees with vt-cuda: {e:?}");
             }
         }
     }

@@ -10,8 +10,9 @@ use vt_core::{AttentionParams, DType, Result, Rope, Tensor};
 
 use crate::alloc::{driver_err, Allocator, CudaBuffer};
 use crate::attn_decode::SeqCaches;
-use crate::backend::{act, check, err, grid1, i32_of, launched, rope_seqs, MAX_HEAD_DIM, SEQ_MAX};
+use crate::backend::{act, check, err, grid1, i32_of, launched, rope_seqs};
 use crate::launch::Overlapped;
+use crate::limits::{ATT_MAX_D, SEQ_MAX};
 use crate::record::RecordedCache;
 use crate::CudaBackend;
 
@@ -116,7 +117,7 @@ pub(crate) fn attention(
         k.shape() == [t, cache.kv_heads, cache.head_dim]
             && v.shape() == k.shape()
             && head_dim == cache.head_dim
-            && head_dim <= MAX_HEAD_DIM
+            && head_dim <= ATT_MAX_D
             && cache.kv_heads > 0
             && q_heads % cache.kv_heads == 0
             && p.window == cache.window,

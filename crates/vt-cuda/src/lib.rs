@@ -34,6 +34,8 @@ mod kv;
 #[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
+mod limits;
+#[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
 mod moe_decode;

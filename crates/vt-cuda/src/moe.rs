@@ -13,7 +13,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor};
 
 use crate::alloc::CudaBuffer;
-use crate::backend::{act, check, i32_of, launched, MAX_SHARED, MAX_TOP_K};
+use crate::backend::{act, check, i32_of, launched, MAX_SHARED};
+use crate::limits::{ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::w4a16::PackedExperts;
 use crate::weight::{float_code, WeightDesc};
 use crate::CudaBackend;
@@ -60,9 +61,6 @@ pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) ->
     }
     Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }
-
-/// `ROUTE_MAX_EXP` of kernels/route.cuh: the experts the routing (every path's) takes.
-pub(crate) const ROUTE_MAX_EXPERTS: usize = 512;
 
 /// `struct RouteArgs` of kernels/route.cuh: how a router's logits become choices (every MoE
 /// path's routing kernel takes it).
@@ -136,8 +134,8 @@ pub(crate) fn moe(
             router.weight.in_features()
         )
     })?;
-    check((1..=n_exp.min(MAX_TOP_K)).contains(&top_k) && n_exp <= ROUTE_MAX_EXPERTS, op, || {
-        format!("top-k {top_k} of {n_exp} experts (the routing takes at most {ROUTE_MAX_EXPERTS} experts)")
+    check((1..=n_exp.min(ROUTE_MAX_K)).contains(&top_k) && n_exp <= ROUTE_MAX_EXP, op, || {
+        format!("top-k {top_k} of {n_exp} experts (the routing takes at most {ROUTE_MAX_EXP} experts)")
     })?;
     let route_shared = (h + n_exp) * 4;
     check(
@@ -198,4 +196,10 @@ pub(crate) fn moe(
     // int top_k, int hidden): one block per token; out is [t, h].
     launched(unsafe { l.launch(cfg) }, "moe_combine")?;
     Ok(out)
+}
+
+/// The C struct's layout is this one's (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    crate::kernels::c_layout!(RouteArgs { bias, bias_dt, kind, renorm, top_k, n_exp, softcap, scaling, pad })
 }

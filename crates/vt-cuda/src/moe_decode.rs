@@ -9,21 +9,20 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
-use crate::backend::{act, i32_of, MAX_TOP_K};
-use crate::gemv::{self, MAX_T};
+use crate::backend::{act, i32_of};
+use crate::gemv;
 use crate::kernels::allow_shared;
 use crate::launch::Overlapped;
-use crate::moe::{build_table, RouteArgs, ROUTE_MAX_EXPERTS};
+use crate::limits::{
+    GEMV_MAX_T, MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_NVFP4, ROUTE_MAX_EXP, ROUTE_MAX_K,
+};
+use crate::moe::{build_table, RouteArgs};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
 
-/// Most tokens of the fused block (`MOE_DEC_MAX_T`): past the CUDA-core GEMV's MAX_T, the router's
-/// logits need the tensor-core GEMV (rows of whole 32-input chunks).
-const MOE_MAX_T: usize = 16;
-
-/// The down kernel's static shared memory: a `WeightDesc` (32 bytes) and a multiplier per slot of
+/// The down kernel's static shared memory: a `WeightDesc` and a multiplier per slot of
 /// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/moe_decode.cu).
-const DOWN_STATIC_SHARED: usize = MOE_MAX_T * (MAX_TOP_K + 1) * (32 + 4);
+const DOWN_STATIC_SHARED: usize = MOE_DEC_MAX_T * (ROUTE_MAX_K + 1) * (std::mem::size_of::<WeightDesc>() + 4);
 
 /// Whether the down kernel can stage a token's `slots` activation rows of `inter` floats in the
 /// dynamic shared memory a block may use on this device (`max_shared`).
@@ -86,11 +85,11 @@ pub(crate) fn moe_block(
     });
     let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
-    let fits = (1..=MOE_MAX_T).contains(&t)
-        && (t <= MAX_T || h % 32 == 0)
+    let fits = (1..=MOE_DEC_MAX_T).contains(&t)
+        && (t <= GEMV_MAX_T || h % 32 == 0)
         && x.last_dim() == h
-        && n_exp <= ROUTE_MAX_EXPERTS
-        && (1..=MAX_TOP_K.min(n_exp)).contains(&top_k)
+        && n_exp <= ROUTE_MAX_EXP
+        && (1..=ROUTE_MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
         && staged_fits(top_k + shared.is_some() as usize, inter, b.k().max_shared);
@@ -160,11 +159,11 @@ pub(crate) fn moe_block(
     // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/moe_decode.cu), no more blocks
     // than output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in
     // dynamic shared memory.
-    let (per_item, per_sm) = if fp4 { (4, 1) } else { (1, 2) };
+    let (per_item, per_sm) = if fp4 { (4, MOE_DEC_WAVE_NVFP4) } else { (1, MOE_DEC_WAVE_BF16) };
     let staged = 4 * slots * inter;
     let cfg = LaunchConfig {
         grid_dim: ((t * h / per_item).min(per_sm * b.k().sm_count).max(1) as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (MOE_DEC_THREADS as u32, 1, 1),
         shared_mem_bytes: staged as u32,
     };
     let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
@@ -172,13 +171,22 @@ pub(crate) fn moe_block(
     let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
-    // slot_w, int t, int slots, int hidden, int inter): 256 threads a block, slots * inter floats
-    // of dynamic shared memory (allowed above); down_desc holds the t * slots slots' down matrices
-    // [h, inter] (written on this stream before, by the gate/up kernel), slot_w their multipliers;
-    // act holds t * slots * inter floats; out t * h values (h a multiple of 4 for NVFP4: its
-    // gate/up rows are whole 32-code chunks).
+    // slot_w, int t, int slots, int hidden, int inter): MOE_DEC_THREADS threads a block, slots *
+    // inter floats of dynamic shared memory (allowed above); down_desc holds the t * slots slots'
+    // down matrices [h, inter] (written on this stream before, by the gate/up kernel), slot_w their
+    // multipliers; act holds t * slots * inter floats; out t * h values (h a multiple of 4 for
+    // NVFP4: its gate/up rows are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(Some(out))
+}
+
+/// The C struct's layout is this one's, and the down kernel's static shared memory is
+/// DOWN_STATIC_SHARED (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    let mut checks = crate::kernels::c_layout!(SharedDesc { gate, up, down, present, gated });
+    checks.push(crate::kernels::c_equal("(sizeof(WeightDesc) + sizeof(float)) * MOE_DEC_SLOTS", DOWN_STATIC_SHARED));
+    checks
 }
 
 #[cfg(test)]

@@ -6,11 +6,7 @@ use vt_core::{DType, Error, Result, Tensor, Weight};
 
 use crate::CudaBackend;
 
-/// Dtype codes of kernels/common.cuh (`DT_*`).
-pub const DT_F32: i32 = 0;
-pub const DT_BF16: i32 = 1;
-pub const DT_F16: i32 = 2;
-pub const DT_NVFP4: i32 = 3;
+pub(crate) use crate::limits::{DT_BF16, DT_F16, DT_F32, DT_NVFP4};
 
 /// The kernels' code for a float tensor's dtype.
 pub fn float_code(t: &Tensor<CudaBackend>, op: &str) -> Result<i32> {
@@ -57,4 +53,10 @@ impl WeightDesc {
             },
         })
     }
+}
+
+/// The C struct's layout is this one's (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    crate::kernels::c_layout!(WeightDesc { data, scales, global, kind, k })
 }

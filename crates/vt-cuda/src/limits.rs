@@ -1,0 +1,71 @@
+//! The numbers the launch code and the kernels of `kernels/*.cu` share, stated once: NVRTC gets
+//! each as `-D NAME=value` (kernels.rs), so no .cu file repeats one, and the Rust side uses the
+//! same name. tools/gpu/check_kernels.py reads them from this file (one `NAME: type = value;` a
+//! line, the value a number or an expression of earlier names).
+//!
+//! Struct layouts the two sides share (`WeightDesc`, `RouteArgs`, `GemvParts`, `SharedDesc`) are
+//! checked by NVRTC in kernels.rs's tests (size and every field's offset).
+
+macro_rules! shared {
+    ($($(#[$doc:meta])* $name:ident: $t:ty = $v:expr;)*) => {
+        $($(#[$doc])* pub(crate) const $name: $t = $v;)*
+        /// Every constant above, by name, as NVRTC's defines take it.
+        pub(crate) const DEFINES: &[(&str, i64)] = &[$((stringify!($name), $name as i64)),*];
+    };
+}
+
+shared! {
+    /// Dtype codes of a tensor or weight as the kernels take it (`WeightDesc::kind`, `float_code`).
+    DT_F32: i32 = 0;
+    DT_BF16: i32 = 1;
+    DT_F16: i32 = 2;
+    DT_NVFP4: i32 = 3;
+    /// Sequences one launch of a batched decode kernel serves (the length of its by-value
+    /// `SeqPtrs` and `SeqInts`); larger batches take several launches.
+    SEQ_MAX: usize = 64;
+    /// Experts and top-k of the routing (kernels/route.cuh: `ROUTE_MAX_EXP / 32` choice values a
+    /// lane, a choice per lane).
+    ROUTE_MAX_EXP: usize = 512;
+    ROUTE_MAX_K: usize = 32;
+    /// Largest head dimension of the one-warp attention kernel (attention.cu).
+    ATT_MAX_D: usize = 256;
+    /// Largest causal conv1d kernel (taps), gdn.cu and gdn_decode.cu.
+    CONV_MAX_K: usize = 16;
+    /// Rotary inverse frequencies a rope launch takes by value (`RopeFreqs`).
+    ROPE_MAX_FREQS: usize = 128;
+    /// Values each `argmax_part` thread loads per round.
+    ARGMAX_LOADS: usize = 8;
+    /// Most tokens of one GEMV call on CUDA cores, and on tensor cores (two 8-token MMA column
+    /// tiles); most weights of one launch; rows per warp of the CUDA-core kernels; warps of a
+    /// tensor-core block.
+    GEMV_MAX_T: usize = 8;
+    GEMV_MMA_MAX_T: usize = 16;
+    GEMV_MAX_PARTS: usize = 4;
+    GEMV_ROWS: usize = 2;
+    GEMV_MMA_WARPS: usize = 8;
+    /// Most tokens of the fused MoE decode block (past GEMV_MAX_T its logits take the tensor-core
+    /// GEMV), the down kernel's threads, and its resident blocks per SM for bf16 and NVFP4.
+    MOE_DEC_MAX_T: usize = 16;
+    MOE_DEC_THREADS: usize = 256;
+    MOE_DEC_WAVE_BF16: usize = 2;
+    MOE_DEC_WAVE_NVFP4: usize = 1;
+    /// Largest head dimension of the decode attention kernels, and threads of their combine.
+    ATT_DEC_MAX_D: usize = 256;
+    ATT_DEC_COMBINE_THREADS: usize = 1024;
+    /// Keys per shared-memory tile of the flash attention kernels.
+    FA_BN: usize = 64;
+    /// The chunked gated delta rule: tokens per chunk, key dim, value columns per scan block.
+    GC: usize = 64;
+    GDK: usize = 128;
+    GS_BV: usize = 32;
+    /// The decode gated delta rule: key and value dim, value columns per block.
+    GDN_D: usize = 128;
+    GDN_COLS: usize = 32;
+    /// The grouped MoE prefill GEMMs (moe_prefill.cu): slots and weight rows per tile, inputs per
+    /// pipeline stage, stages, threads.
+    MP_BM: usize = 64;
+    MP_BN: usize = 128;
+    MP_BK: usize = 64;
+    MP_STAGES: usize = 3;
+    MP_THREADS: usize = 128;
+}
