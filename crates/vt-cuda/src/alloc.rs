@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{result, CudaStream};
 use vt_core::{Error, MemoryStats, Result};
 
+use crate::error::driver_err;
+
 const ALIGN: usize = 256;
 const ARENA_CHUNK: usize = 64 << 20;
 
@@ -56,10 +58,6 @@ pub struct Allocator {
     state: Mutex<State>,
     /// Where a recording's arena takes its chunks.
     parent: Option<Arc<Allocator>>,
-}
-
-pub(crate) fn driver_err(what: &str, e: result::DriverError) -> Error {
-    Error::backend("cuda", format!("{what}: {e:?}"))
 }
 
 impl Allocator {

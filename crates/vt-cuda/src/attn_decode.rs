@@ -7,9 +7,8 @@
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use vt_core::Result;
 
-use crate::backend::i32_of;
 use crate::kernels::allow_shared;
-use crate::launch::Overlapped;
+use crate::launch::{i32_of, Overlapped};
 use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D, SEQ_MAX};
 use crate::CudaBackend;
 

@@ -7,20 +7,23 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaContext, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use half::bf16;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear,
-    MemoryStats, MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
+    AttentionParams, Backend, DType, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats,
+    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
-use crate::alloc::{driver_err, AllocMode, Allocator, CudaBuffer};
+use crate::alloc::{AllocMode, Allocator, CudaBuffer};
 use crate::blas::Gemm;
+use crate::capture::Recording;
+use crate::error::{check, driver_err, err};
 use crate::kernels::Kernels;
 use crate::kv::CudaKvCache;
-use crate::launch::Overlapped;
-use crate::limits::{ARGMAX_LOADS, CONV_MAX_K, ROPE_MAX_FREQS, SEQ_MAX};
-use crate::record::{CudaStepGraph, Recording};
+use crate::launch::{act, grid1, i32_of, launched, Overlapped, MAX_SHARED};
+use crate::limits::{ARGMAX_LOADS, CONV_MAX_K};
+use crate::record::CudaStepGraph;
+use crate::rope::rope_freqs;
 use crate::weight::{float_code, WeightDesc};
 
 /// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
@@ -28,9 +31,6 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// Threads of an `argmax_part` block.
 const ARGMAX_THREADS: usize = 256;
-
-/// Dynamic shared memory a kernel may use without opting in (48 KiB).
-pub(crate) const MAX_SHARED: usize = 48 << 10;
 
 struct Inner {
     id: u64,
@@ -45,70 +45,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct CudaBackend {
     inner: Arc<Inner>,
-}
-
-pub(crate) fn err(reason: impl Into<String>) -> Error {
-    Error::backend("cuda", reason)
-}
-
-pub(crate) fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(err(format!("{op}: {}", what())))
-    }
-}
-
-pub(crate) fn launched<T>(r: std::result::Result<T, DriverError>, kernel: &str) -> Result<()> {
-    r.map(|_| ()).map_err(|e| driver_err(&format!("launching {kernel}"), e))
-}
-
-/// `n` threads in blocks of 256.
-pub(crate) fn grid1(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
-fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROPE_MAX_FREQS], i32)> {
-    let half = rope.inv_freq.len();
-    check(2 * half <= dim && half <= ROPE_MAX_FREQS, op, || format!("rotary dim {} with head dim {dim}", 2 * half))?;
-    let mut freqs = [0.0f32; ROPE_MAX_FREQS];
-    freqs[..half].copy_from_slice(&rope.inv_freq);
-    Ok((freqs, half as i32))
-}
-
-/// Rotates `x`, one token `[heads, dim]` of each of `seqs` (at most `SEQ_MAX`) sequences, token
-/// `i` at position `starts[i]`, into `out` (as many bf16 values).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rope_seqs(
-    b: &CudaBackend,
-    out: u64,
-    x: u64,
-    seqs: usize,
-    heads: usize,
-    dim: usize,
-    starts: &[i32; SEQ_MAX],
-    rope: &Rope,
-) -> Result<()> {
-    let (freqs, half) = rope_freqs(rope, dim, "rope")?;
-    let (ti, hi, di) = (seqs as i32, i32_of(heads, "heads")?, i32_of(dim, "head dim")?);
-    let mut l = Overlapped::new(b, &b.k().rope_seqs);
-    l.arg(&out).arg(&x).arg(&ti).arg(&hi).arg(&di).arg(starts).arg(&half).arg(&freqs).arg(&rope.attention_scaling);
-    // SAFETY: rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, SeqInts pos, int half,
-    // RopeFreqs inv, float scaling): t = seqs <= SEQ_MAX tokens of heads * d values in x and out
-    // (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel starts with
-    // grid_dep_begin.
-    unsafe { l.launch(grid1(seqs * heads * dim), "rope_seqs") }
-}
-
-pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit the kernels' 32-bit counts")))
-}
-
-/// Device address of a bf16 activation, or an error naming the op.
-pub(crate) fn act(t: &Tensor<CudaBackend>, op: &str) -> Result<u64> {
-    check(t.dtype() == DType::BF16, op, || format!("expected a BF16 activation, found {} {:?}", t.dtype(), t.shape()))?;
-    Ok(t.buffer().ptr())
 }
 
 fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
@@ -590,7 +526,7 @@ impl Backend for CudaBackend {
 
     fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
         check(self.recording().is_none(), "recorder", || "a recorder cannot record".into())?;
-        let recording = Recording::begin(self, ids, pos)?;
+        let recording = Recording::begin(self.stream(), self.buffer(4 * (1 + ids))?, ids, pos)?;
         let alloc = Arc::new(Allocator::for_recording(self.alloc(), recording.stream().clone()));
         let inner = Inner {
             id: self.inner.id,

@@ -4,7 +4,7 @@
 use cudarc::driver::PushKernelArg;
 use vt_core::{DType, Error, Result, Tensor};
 
-use crate::backend::{grid1, launched};
+use crate::launch::{grid1, launched};
 use crate::CudaBackend;
 
 /// `Backend::random` on the device: kernels/random.cu writes the bytes vt_core::random_bytes does.

@@ -6,8 +6,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::Result;
 
-use crate::backend::launched;
 use crate::kernels::allow_shared;
+use crate::launch::launched;
 use crate::limits::FA_BN;
 use crate::CudaBackend;
 

@@ -7,8 +7,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::Result;
 
-use crate::backend::{i32_of, launched};
 use crate::kernels::allow_shared;
+use crate::launch::{i32_of, launched};
 use crate::limits::{GC, GDK, GS_BV};
 use crate::CudaBackend;
 

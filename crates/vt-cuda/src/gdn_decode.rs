@@ -7,8 +7,7 @@
 use cudarc::driver::LaunchConfig;
 use vt_core::{DType, GdnState, GdnStep, Result, Tensor};
 
-use crate::backend::{act, i32_of};
-use crate::launch::Overlapped;
+use crate::launch::{act, i32_of, Overlapped};
 use crate::limits::{CONV_MAX_K, GDN_COLS, GDN_D, SEQ_MAX};
 use crate::weight::float_code;
 use crate::CudaBackend;

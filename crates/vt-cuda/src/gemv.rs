@@ -6,8 +6,7 @@
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
 use vt_core::{DType, Result, Weight};
 
-use crate::backend::i32_of;
-use crate::launch::Overlapped;
+use crate::launch::{i32_of, Overlapped};
 use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS};
 use crate::weight::WeightDesc;
 use crate::CudaBackend;
@@ -173,7 +172,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let mut l = Overlapped::new(b, f);
     l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
-        grid_dim: (u32::try_from(blocks).map_err(|_| crate::backend::err("linear: too many rows"))?, 1, 1),
+        grid_dim: (u32::try_from(blocks).map_err(|_| crate::error::err("linear: too many rows"))?, 1, 1),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };

@@ -12,9 +12,9 @@ use cudarc::cublaslt::sys::cudaDataType_t;
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
 
-use crate::alloc::driver_err;
-use crate::backend::{act, grid1, i32_of, launched};
+use crate::error::driver_err;
 use crate::kernels::allow_shared;
+use crate::launch::{act, grid1, i32_of, launched};
 use crate::limits::{MP_BK, MP_BM, MP_BN, MP_STAGES, MP_THREADS, ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::moe::{build_table, RouteArgs};
 use crate::w4a16;

@@ -12,7 +12,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use rayon::prelude::*;
 use vt_core::{Error, Result};
 
-use crate::alloc::driver_err;
+use crate::error::driver_err;
 use crate::limits::DEFINES;
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{AttentionParams, DType, Result, Rope, Tensor};
 
-use crate::alloc::{driver_err, Allocator, CudaBuffer};
+use crate::alloc::{Allocator, CudaBuffer};
 use crate::attn_decode::SeqCaches;
-use crate::backend::{act, check, err, grid1, i32_of, launched, rope_seqs};
-use crate::launch::Overlapped;
+use crate::capture::RecordedCache;
+use crate::error::driver_err;
+use crate::error::{check, err};
+use crate::launch::{act, grid1, i32_of, launched, Overlapped};
 use crate::limits::{ATT_MAX_D, SEQ_MAX};
-use crate::record::RecordedCache;
+use crate::rope::rope_seqs;
 use crate::CudaBackend;
 
 pub struct CudaKvCache {

@@ -1,3 +1,6 @@
+//! How kernels are launched: argument helpers every op uses (`act`, `i32_of`, `grid1`, `launched`),
+//! and `Overlapped`, a launch that overlaps the previous kernel's end.
+//!
 //! Programmatic dependent launch (Hopper): `Overlapped` launches a kernel that may start while the
 //! previous kernel on the stream is still finishing, so a decode kernel's weight loads (which no
 //! kernel writes) overlap its predecessor's tail and launch latency. Such a kernel must execute
@@ -8,11 +11,35 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{sys, CudaFunction, DeviceRepr, LaunchConfig};
-use vt_core::Result;
+use cudarc::driver::{sys, CudaFunction, DeviceRepr, DriverError, LaunchConfig};
+use vt_core::{DType, Result, Tensor};
 
-use crate::alloc::driver_err;
+use crate::error::{check, driver_err, err};
 use crate::CudaBackend;
+
+/// Dynamic shared memory a kernel may use without opting in (48 KiB).
+pub(crate) const MAX_SHARED: usize = 48 << 10;
+
+/// A cudarc launch's result, its error naming the kernel.
+pub(crate) fn launched<T>(r: std::result::Result<T, DriverError>, kernel: &str) -> Result<()> {
+    r.map(|_| ()).map_err(|e| driver_err(&format!("launching {kernel}"), e))
+}
+
+/// `n` threads in blocks of 256.
+pub(crate) fn grid1(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// `v` as a kernel's 32-bit count, or an error naming `what`.
+pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit the kernels' 32-bit counts")))
+}
+
+/// Device address of a bf16 activation, or an error naming the op.
+pub(crate) fn act(t: &Tensor<CudaBackend>, op: &str) -> Result<u64> {
+    check(t.dtype() == DType::BF16, op, || format!("expected a BF16 activation, found {} {:?}", t.dtype(), t.shape()))?;
+    Ok(t.buffer().ptr())
+}
 
 /// A kernel's arguments, collected as cudarc's launch builder does, for `cuLaunchKernelEx`.
 pub(crate) struct Overlapped<'a> {

@@ -16,6 +16,10 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
+mod capture;
+#[cfg(feature = "cuda")]
+mod error;
+#[cfg(feature = "cuda")]
 mod fill;
 #[cfg(feature = "cuda")]
 mod flash;
@@ -41,6 +45,8 @@ mod moe;
 mod moe_decode;
 #[cfg(feature = "cuda")]
 mod record;
+#[cfg(feature = "cuda")]
+mod rope;
 #[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]

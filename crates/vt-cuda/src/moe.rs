@@ -13,20 +13,18 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Tensor};
 
 use crate::alloc::CudaBuffer;
-use crate::backend::{act, check, i32_of, launched, MAX_SHARED};
+use crate::error::check;
+use crate::launch::{act, i32_of, launched, MAX_SHARED};
 use crate::limits::{ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::w4a16::PackedExperts;
 use crate::weight::{float_code, WeightDesc};
 use crate::CudaBackend;
 
-/// `WeightDesc`s per expert in the table: gate, up, down.
-pub(crate) const DESCS_PER_EXPERT: usize = 3;
-
 pub struct CudaExpertTable {
     /// `[experts, 3]` `WeightDesc`s: gate, up, down.
     table: CudaBuffer,
     /// The same, on the host (what the tensor-core layout is derived from).
-    host: Vec<WeightDesc>,
+    host: Vec<[WeightDesc; 3]>,
     /// NVFP4 experts in the tensor-core layout, built at the first grouped prefill.
     packed: OnceLock<PackedExperts>,
 }
@@ -50,14 +48,14 @@ impl CudaExpertTable {
 }
 
 pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) -> Result<CudaExpertTable> {
-    let mut descs = Vec::with_capacity(DESCS_PER_EXPERT * experts.experts.len());
+    let mut descs = Vec::with_capacity(experts.experts.len());
     for (e, ex) in experts.experts.iter().enumerate() {
         let [gate, up, down] = [&ex.gate, &ex.up, &ex.down].map(|w| WeightDesc::of(w, "moe"));
         let (gate, up) = (gate?, up?);
         if gate.kind != up.kind {
             return Err(Error::tensor(format!("expert {e}"), "gate and up projections must share one storage format"));
         }
-        descs.extend([gate, up, down?]);
+        descs.push([gate, up, down?]);
     }
     Ok(CudaExpertTable { table: b.upload_slice(&descs)?, host: descs, packed: OnceLock::new() })
 }

@@ -9,10 +9,9 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
 
-use crate::backend::{act, i32_of};
 use crate::gemv;
 use crate::kernels::allow_shared;
-use crate::launch::Overlapped;
+use crate::launch::{act, i32_of, Overlapped};
 use crate::limits::{
     GEMV_MAX_T, MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_NVFP4, ROUTE_MAX_EXP, ROUTE_MAX_K,
 };
@@ -129,7 +128,7 @@ pub(crate) fn moe_block(
 
     let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
     if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
-        return Err(crate::backend::err("moe_block: the GEMV kernel declined the router's logits"));
+        return Err(crate::error::err("moe_block: the GEMV kernel declined the router's logits"));
     }
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);

@@ -7,8 +7,8 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::PushKernelArg;
 use vt_core::Result;
 
-use crate::alloc::driver_err;
-use crate::backend::{grid1, launched};
+use crate::error::driver_err;
+use crate::launch::{grid1, launched};
 use crate::CudaBackend;
 
 impl CudaBackend {

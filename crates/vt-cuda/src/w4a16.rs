@@ -9,9 +9,9 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{Linear, Nvfp4, Result, Weight};
 
 use crate::alloc::CudaBuffer;
-use crate::backend::{check, i32_of, launched};
+use crate::error::check;
 use crate::kernels::allow_shared;
-use crate::moe::DESCS_PER_EXPERT;
+use crate::launch::{i32_of, launched};
 use crate::weight::{WeightDesc, DT_NVFP4};
 use crate::CudaBackend;
 
@@ -76,12 +76,12 @@ pub(crate) struct PackedExperts {
 impl PackedExperts {
     /// From moe.rs's host copy of the table (gate, up `[inter, hidden]` and down
     /// `[hidden, inter]` per expert, all NVFP4 and alive as long as the table).
-    pub(crate) fn new(b: &CudaBackend, descs: &[WeightDesc], inter: usize, hidden: usize) -> Result<Self> {
-        let mut tiles = Vec::with_capacity(descs.len() / DESCS_PER_EXPERT * 2);
+    pub(crate) fn new(b: &CudaBackend, descs: &[[WeightDesc; 3]], inter: usize, hidden: usize) -> Result<Self> {
+        let mut tiles = Vec::with_capacity(descs.len() * 2);
         let mut packed = Vec::with_capacity(tiles.capacity());
-        for (e, d) in descs.chunks_exact(DESCS_PER_EXPERT).enumerate() {
+        for (e, d) in descs.iter().enumerate() {
             check(d.iter().all(|d| d.kind == DT_NVFP4), "moe", || format!("expert {e} is not NVFP4"))?;
-            let [gate, up, down] = [d[0], d[1], d[2]];
+            let [gate, up, down] = *d;
             let gate_up = repack(b, (gate.data, gate.scales), Some((up.data, up.scales)), 2 * inter, hidden)?;
             let down_tiles = repack(b, (down.data, down.scales), None, hidden, inter)?;
             packed.extend([

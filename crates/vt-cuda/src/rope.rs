@@ -1,0 +1,42 @@
+//! Rotary position embedding (NeoX) on the device: the inverse frequencies travel by value
+//! (`RopeFreqs`, at most ROPE_MAX_FREQS of them).
+
+use vt_core::{Result, Rope};
+
+use crate::error::check;
+use crate::launch::{grid1, i32_of, Overlapped};
+use crate::limits::{ROPE_MAX_FREQS, SEQ_MAX};
+use crate::CudaBackend;
+
+/// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
+pub(crate) fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROPE_MAX_FREQS], i32)> {
+    let half = rope.inv_freq.len();
+    check(2 * half <= dim && half <= ROPE_MAX_FREQS, op, || format!("rotary dim {} with head dim {dim}", 2 * half))?;
+    let mut freqs = [0.0f32; ROPE_MAX_FREQS];
+    freqs[..half].copy_from_slice(&rope.inv_freq);
+    Ok((freqs, half as i32))
+}
+
+/// Rotates `x`, one token `[heads, dim]` of each of `seqs` (at most `SEQ_MAX`) sequences, token
+/// `i` at position `starts[i]`, into `out` (as many bf16 values).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_seqs(
+    b: &CudaBackend,
+    out: u64,
+    x: u64,
+    seqs: usize,
+    heads: usize,
+    dim: usize,
+    starts: &[i32; SEQ_MAX],
+    rope: &Rope,
+) -> Result<()> {
+    let (freqs, half) = rope_freqs(rope, dim, "rope")?;
+    let (ti, hi, di) = (seqs as i32, i32_of(heads, "heads")?, i32_of(dim, "head dim")?);
+    let mut l = Overlapped::new(b, &b.k().rope_seqs);
+    l.arg(&out).arg(&x).arg(&ti).arg(&hi).arg(&di).arg(starts).arg(&half).arg(&freqs).arg(&rope.attention_scaling);
+    // SAFETY: rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, SeqInts pos, int half,
+    // RopeFreqs inv, float scaling): t = seqs <= SEQ_MAX tokens of heads * d values in x and out
+    // (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel starts with
+    // grid_dep_begin.
+    unsafe { l.launch(grid1(seqs * heads * dim), "rope_seqs") }
+}
