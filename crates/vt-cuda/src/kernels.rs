@@ -114,7 +114,9 @@ macro_rules! kernels {
 }
 
 kernels! {
-    "elementwise.cu" => [embedding, rms_norm_gated, add, swiglu, gate, narrow_cols, rope, rope_seqs, argmax_part, argmax_rows],
+    "elementwise.cu" => [embedding, add, swiglu, gate, narrow_cols],
+    "rope.cu" => [rope, rope_seqs],
+    "argmax.cu" => [argmax_part, argmax_rows],
     "linear.cu" => [linear_rows],
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
@@ -125,7 +127,7 @@ kernels! {
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
     "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_split_seqs_h1, attn_dec_split_seqs_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_mma_seqs_d64, attn_dec_mma_seqs_d128, attn_dec_mma_seqs_d256, attn_dec_combine],
-    "add_norm.cu" => [rms_norm, add_rms_norm],
+    "norm.cu" => [rms_norm, add_rms_norm, rms_norm_gated],
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],
     "gdn_chunk.cu" => [gdn_chunk_prep_v64, gdn_chunk_scan_v64, gdn_chunk_prep_v128, gdn_chunk_scan_v128],

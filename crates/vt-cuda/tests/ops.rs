@@ -856,7 +856,7 @@ fn add_rms_norm_fused() {
     let gpu = &cuda();
     let mut r = Rng(0xadd0);
     let t = 5;
-    // Widths and weight dtypes that take each path of kernels/add_norm.cu: 8 values per access
+    // Widths and weight dtypes that take each path of kernels/norm.cu: 8 values per access
     // (bf16 weight, width % 8 == 0), 1 per access (odd width, or an f32 weight), and rows longer
     // than the part each thread keeps in registers (4096 values at 256 threads), read again.
     for (d, f32_weight) in [(2048, false), (5000, false), (163, false), (4100, true)] {

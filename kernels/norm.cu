@@ -1,8 +1,8 @@
-// RMSNorm of rows, alone (`rms_norm`) or after the residual update (`add_rms_norm`, one launch
+// RMSNorm of rows: alone (`rms_norm`), after the residual update (`add_rms_norm`, one launch
 // instead of add + rms_norm). With the update, v = x + y rounded to bf16, exactly as `add` writes
 // the residual stream, and `sum` gets v; then out = bf16(v * r * (offset + w)), r = 1 / sqrt(mean(v^2)
 // + eps), sums in f32. Both kernels run one body, so add_rms_norm's out is bit for bit rms_norm's of
-// its sum.
+// its sum. `rms_norm_gated` (the gated delta net's output norm) scales by silu of a gate row.
 //
 // Grid: one block per row, 256 threads. A row of a multiple of 8 values, with a bf16 weight and
 // 16-byte aligned addresses, moves 8 values per access (one 16-byte load or store); others move 1.
@@ -108,4 +108,15 @@ extern "C" __global__ void add_rms_norm(bf16* sum, bf16* out, const bf16* x, con
                                         float eps, float offset) {
     grid_dep_begin();
     norm_rows(sum, out, x, y, w, wdt, d, eps, offset);
+}
+
+// w * (x / rms(x)) * silu(z). Grid: one block per row.
+extern "C" __global__ void rms_norm_gated(bf16* out, const bf16* x, const bf16* z, const void* w, int wdt, int d, float eps) {
+    grid_dep_begin();
+    long long base = (long long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = bf2f(x[base + j]); ss += v * v; }
+    float r = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        out[base + j] = f2bf(ld(w, wdt, j) * (bf2f(x[base + j]) * r) * silu(bf2f(z[base + j])));
 }

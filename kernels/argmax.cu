@@ -1,0 +1,60 @@
+// Greedy picks, out[r] = vt_core::argmax of row r of x [rows, n]: the index of the largest value,
+// the first on ties; a NaN never wins, and a NaN first value is never displaced. Two launches, so
+// that a vocabulary-wide row is read by many SMs: argmax_part folds slices of the rows into
+// candidates, argmax_rows folds each row's candidates. A candidate is (value, index) with index
+// ARGMAX_NONE where its slice holds only NaNs; of two, the larger value or on a tie the lower
+// index wins, an order-free rule, so the result does not depend on how the slices are cut.
+#define ARGMAX_NONE 0x7fffffff
+
+__device__ __forceinline__ void argmax_better(float& bv, int& bi, float ov, int oi) {
+    if (oi != ARGMAX_NONE && (bi == ARGMAX_NONE || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+}
+
+// The warp's best candidate, in every lane.
+__device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
+    for (int o = 16; o > 0; o >>= 1) argmax_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
+// Grid (parts, rows): block (p, r) writes the candidate of slice p of row r's `parts` equal slices
+// to cv/ci[r * parts + p]. Each thread folds its values in index order, ARGMAX_LOADS in flight.
+extern "C" __global__ void argmax_part(float* cv, int* ci, const bf16* x, int n) {
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    const bf16* row = x + (long long)blockIdx.y * n;
+    int lo = (int)((long long)blockIdx.x * n / gridDim.x), hi = (int)((long long)(blockIdx.x + 1) * n / gridDim.x);
+    float bv = __int_as_float(0xff800000);
+    int bi = ARGMAX_NONE;
+    for (int i0 = lo + threadIdx.x; i0 < hi; i0 += blockDim.x * ARGMAX_LOADS) {
+        float v[ARGMAX_LOADS];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; u++) {
+            int i = i0 + u * blockDim.x;
+            v[u] = i < hi ? bf2f(row[i]) : __int_as_float(0x7fffffff);
+        }
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; u++)
+            if (v[u] > bv || (bi == ARGMAX_NONE && !isnan(v[u]))) { bv = v[u]; bi = i0 + u * blockDim.x; }
+    }
+    argmax_warp(bv, bi);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { wv[warp] = bv; wi[warp] = bi; }
+    __syncthreads();
+    if (warp != 0) return;
+    bv = __int_as_float(0xff800000);
+    bi = ARGMAX_NONE;
+    if (lane < (int)(blockDim.x >> 5)) { bv = wv[lane]; bi = wi[lane]; }
+    argmax_warp(bv, bi);
+    if (lane == 0) {
+        cv[blockIdx.y * gridDim.x + blockIdx.x] = bv;
+        ci[blockIdx.y * gridDim.x + blockIdx.x] = bi;
+    }
+}
+
+// One warp per row (grid: rows) folds the row's `parts` candidates.
+extern "C" __global__ void argmax_rows(unsigned* out, const float* cv, const int* ci, const bf16* x, int n, int parts) {
+    float bv = __int_as_float(0xff800000);
+    int bi = ARGMAX_NONE;
+    for (int p = threadIdx.x; p < parts; p += 32) argmax_better(bv, bi, cv[blockIdx.x * parts + p], ci[blockIdx.x * parts + p]);
+    argmax_warp(bv, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = (bi == ARGMAX_NONE || isnan(bf2f(x[(long long)blockIdx.x * n]))) ? 0u : (unsigned)bi;
+}
