@@ -13,8 +13,8 @@ pub mod tensor;
 pub mod weights;
 
 pub use backend::{
-    argmax, AttentionParams, Backend, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, MemoryStats, NormKind,
-    Rope, SharedExpert,
+    argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, KvOps,
+    MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

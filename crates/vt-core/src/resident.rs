@@ -8,12 +8,12 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 
-use crate::backend::Backend;
+use crate::backend::{Device, StepRecording};
 use crate::{Error, Result};
 
 type Derived = Arc<dyn Any + Send + Sync>;
 
-pub struct ResidentSlot<B: Backend> {
+pub struct ResidentSlot<B: Device> {
     cell: OnceLock<Derived>,
     /// The backend instance whose weights this slot belongs to; a slot is never read by another.
     backend_id: u64,
@@ -23,7 +23,7 @@ pub struct ResidentSlot<B: Backend> {
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B: Backend> ResidentSlot<B> {
+impl<B: Device> ResidentSlot<B> {
     /// An empty slot for a weight of `backend` whose storage starts at `storage_addr`.
     pub fn new(backend: &B, storage_addr: usize) -> Self {
         ResidentSlot { cell: OnceLock::new(), backend_id: backend.instance_id(), storage_addr, _backend: PhantomData }
@@ -35,7 +35,10 @@ impl<B: Backend> ResidentSlot<B> {
 
     /// The derived state, built by `build` on first use. Concurrent first uses may both build;
     /// exactly one result is kept and every caller sees that one.
-    pub fn get_or_try_init<R: Any + Send + Sync>(&self, backend: &B, build: impl FnOnce() -> Result<R>) -> Result<&R> {
+    pub fn get_or_try_init<R: Any + Send + Sync>(&self, backend: &B, build: impl FnOnce() -> Result<R>) -> Result<&R>
+    where
+        B: StepRecording,
+    {
         if backend.instance_id() != self.backend_id {
             return Err(Error::backend(
                 backend.name(),
@@ -77,7 +80,7 @@ impl<B: Backend> ResidentSlot<B> {
     }
 }
 
-impl<B: Backend> std::fmt::Debug for ResidentSlot<B> {
+impl<B: Device> std::fmt::Debug for ResidentSlot<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResidentSlot").field("filled", &!self.is_empty()).field("backend_id", &self.backend_id).finish()
     }

@@ -1,15 +1,15 @@
 //! A backend tensor: one owned, contiguous, row-major buffer with its dtype and shape.
 
-use crate::backend::Backend;
+use crate::backend::Device;
 use crate::{DType, Error, Result};
 
-pub struct Tensor<B: Backend> {
+pub struct Tensor<B: Device> {
     buf: B::Buffer,
     dtype: DType,
     shape: Vec<usize>,
 }
 
-impl<B: Backend> Tensor<B> {
+impl<B: Device> Tensor<B> {
     /// Wraps a buffer a backend produced. Backends call this; the byte length is theirs to get right.
     pub fn from_parts(buf: B::Buffer, dtype: DType, shape: Vec<usize>) -> Self {
         Tensor { buf, dtype, shape }
@@ -65,7 +65,7 @@ impl<B: Backend> Tensor<B> {
     }
 }
 
-impl<B: Backend> std::fmt::Debug for Tensor<B> {
+impl<B: Device> std::fmt::Debug for Tensor<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tensor<{}>({}, {:?})", std::any::type_name::<B>(), self.dtype, self.shape)
     }

@@ -3,14 +3,14 @@
 //! Every weight kind that a backend may derive state from (a repacked layout, a table of expert
 //! pointers) owns a `ResidentSlot<B>`; see `resident.rs` and docs/lifetime.md.
 
-use crate::backend::Backend;
+use crate::backend::Device;
 use crate::resident::ResidentSlot;
 use crate::tensor::Tensor;
 use crate::{DType, Error, Result};
 
 /// NVFP4 weight `[n, k]`: e2m1 codes, one fp8 e4m3 scale per 16 inputs, one f32 multiplier.
 /// `W[i, j] = e2m1(codes[i, j]) * f8(scales[i, j / 16]) * global_scale`.
-pub struct Nvfp4<B: Backend> {
+pub struct Nvfp4<B: Device> {
     /// `F4x2`, logical shape `[n, k]` (bytes `[n, k / 2]`, even element in the low nibble).
     pub codes: Tensor<B>,
     /// `F8E4M3`, shape `[n, k / 16]`.
@@ -22,13 +22,13 @@ pub struct Nvfp4<B: Backend> {
 pub const NVFP4_GROUP: usize = 16;
 
 /// A matrix `[out, in]` in its stored form.
-pub enum Weight<B: Backend> {
+pub enum Weight<B: Device> {
     /// bf16, f16 or f32 `[out, in]`.
     Dense(Tensor<B>),
     Nvfp4(Nvfp4<B>),
 }
 
-impl<B: Backend> Weight<B> {
+impl<B: Device> Weight<B> {
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
         let shape = match self {
@@ -95,12 +95,12 @@ impl<B: Backend> Weight<B> {
 }
 
 /// A linear layer without bias: `y = x W^T`.
-pub struct Linear<B: Backend> {
+pub struct Linear<B: Device> {
     pub weight: Weight<B>,
     pub resident: ResidentSlot<B>,
 }
 
-impl<B: Backend> Linear<B> {
+impl<B: Device> Linear<B> {
     /// Validates the weight first (`Weight::validate`): kernels read codes and scales as the
     /// shapes say, so a malformed NVFP4 weight would send them past its scales.
     pub fn new(backend: &B, weight: Weight<B>) -> Result<Self> {
@@ -119,7 +119,7 @@ impl<B: Backend> Linear<B> {
 }
 
 /// One routed expert: SwiGLU `down(silu(gate x) * up x)`.
-pub struct Expert<B: Backend> {
+pub struct Expert<B: Device> {
     /// `[intermediate, hidden]`.
     pub gate: Weight<B>,
     /// `[intermediate, hidden]`.
@@ -130,14 +130,14 @@ pub struct Expert<B: Backend> {
 
 /// The routed experts of one MoE layer, with the state a backend derives from all of them
 /// (expert tables, repacked layouts) in `resident`.
-pub struct MoeExperts<B: Backend> {
+pub struct MoeExperts<B: Device> {
     pub experts: Vec<Expert<B>>,
     pub hidden: usize,
     pub intermediate: usize,
     pub resident: ResidentSlot<B>,
 }
 
-impl<B: Backend> MoeExperts<B> {
+impl<B: Device> MoeExperts<B> {
     /// Checks every expert's shapes against `hidden` and `intermediate`; `name` is for errors.
     pub fn new(backend: &B, name: &str, experts: Vec<Expert<B>>, hidden: usize, intermediate: usize) -> Result<Self> {
         let Some(first) = experts.first() else {
@@ -183,7 +183,7 @@ impl RouterKind {
     }
 }
 
-pub struct Router<B: Backend> {
+pub struct Router<B: Device> {
     /// `[num_experts, hidden]`.
     pub weight: Linear<B>,
     pub kind: RouterKind,

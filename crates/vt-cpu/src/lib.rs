@@ -8,9 +8,10 @@ pub mod ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, Backend, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind,
-    Result, Rope, Router, Tensor,
+    AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind, Result,
+    Rope, Router, Tensor,
 };
 
 pub use alloc::{AllocMode, CpuBuffer};
@@ -86,10 +87,8 @@ fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-impl Backend for CpuBackend {
+impl Device for CpuBackend {
     type Buffer = CpuBuffer;
-    type KvCache = CpuKvCache;
-    type StepGraph = ();
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -145,7 +144,9 @@ impl Backend for CpuBackend {
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         small_f32(t, "to_f32")
     }
+}
 
+impl Ops for CpuBackend {
     fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
         let [vocab, hidden] = *table.shape() else {
             return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
@@ -254,44 +255,6 @@ impl Backend for CpuBackend {
         self.f32_tensor(x.shape(), &out)
     }
 
-    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
-        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
-        Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
-    }
-
-    fn kv_clear(&self, cache: &mut CpuKvCache) -> Result<()> {
-        cache.clear();
-        Ok(())
-    }
-
-    fn attention(
-        &self,
-        q: &Tensor<Self>,
-        k: &Tensor<Self>,
-        v: &Tensor<Self>,
-        cache: &mut CpuKvCache,
-        params: &AttentionParams,
-    ) -> Result<Tensor<Self>> {
-        let (t, q_heads, head_dim) = q.dims3("cpu", "attention")?;
-        let (tk, kv_heads, dk) = k.dims3("cpu", "attention")?;
-        check(
-            tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0,
-            "attention",
-            || format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape()),
-        )?;
-        check(params.window != Some(0), "attention", || "a sliding window of 0 positions".into())?;
-        let shape = ops::attention::AttnShape { t, q_heads, kv_heads, head_dim };
-        let out = ops::attention::attention(
-            f32s(q, "attention")?,
-            f32s(k, "attention")?,
-            f32s(v, "attention")?,
-            &shape,
-            cache,
-            params,
-        )?;
-        self.f32_tensor(q.shape(), &out)
-    }
-
     fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
         let [channels, kernel] = *w.shape() else {
             return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
@@ -355,4 +318,54 @@ impl Backend for CpuBackend {
             ops::moe::moe(f32s(x, "moe")?, x.rows(), logits.buffer().f32s(), router, bias.as_deref(), experts, table);
         self.f32_tensor(x.shape(), &out)
     }
+}
+
+impl KvOps for CpuBackend {
+    type KvCache = CpuKvCache;
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
+        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
+    }
+
+    fn kv_clear(&self, cache: &mut CpuKvCache) -> Result<()> {
+        cache.clear();
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cache: &mut CpuKvCache,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        let (t, q_heads, head_dim) = q.dims3("cpu", "attention")?;
+        let (tk, kv_heads, dk) = k.dims3("cpu", "attention")?;
+        check(
+            tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0,
+            "attention",
+            || format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape()),
+        )?;
+        check(params.window != Some(0), "attention", || "a sliding window of 0 positions".into())?;
+        let shape = ops::attention::AttnShape { t, q_heads, kv_heads, head_dim };
+        let out = ops::attention::attention(
+            f32s(q, "attention")?,
+            f32s(k, "attention")?,
+            f32s(v, "attention")?,
+            &shape,
+            cache,
+            params,
+        )?;
+        self.f32_tensor(q.shape(), &out)
+    }
+}
+
+/// The reference runs every fused op composed.
+impl FusedOps for CpuBackend {}
+
+/// Steps are not recorded: the host runs each op as it is called.
+impl StepRecording for CpuBackend {
+    type StepGraph = ();
 }

@@ -1,7 +1,8 @@
 //! Attention with a KV cache, through the Backend API: windowed and full, prefill and decode,
 //! against a naive formula; a sliding-window cache must not grow with the sequence.
 
-use vt_core::{AttentionParams, Backend};
+use vt_core::backend::prelude::*;
+use vt_core::AttentionParams;
 use vt_cpu::{CpuBackend, KV_BLOCK};
 use vt_test_support::max_abs_diff;
 

@@ -5,7 +5,8 @@
 //! `vt-core/mutation-address-keyed-cache` (the original bug) and requires the first two to fail.
 
 use half::bf16;
-use vt_core::{Backend, DType, Expert, Linear, MoeExperts, Router, RouterKind, Tensor, Weight};
+use vt_core::backend::prelude::*;
+use vt_core::{DType, Expert, Linear, MoeExperts, Router, RouterKind, Tensor, Weight};
 use vt_cpu::{AllocMode, CpuBackend};
 
 const HIDDEN: usize = 32;

@@ -1,6 +1,7 @@
 //! Ops given tensors whose shapes disagree return an error naming the shapes; they never panic.
 
-use vt_core::{AttentionParams, Backend, DType, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
+use vt_core::backend::prelude::*;
+use vt_core::{AttentionParams, DType, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
 use vt_cpu::CpuBackend;
 
 fn zeros(b: &CpuBackend, shape: &[usize]) -> vt_core::Tensor<CpuBackend> {

@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 
-use vt_core::backend::{gated_delta_step_composed, moe_block_composed};
+use vt_core::backend::composed;
+use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GdnState, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
+    AttentionParams, DType, Expert, GdnState, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
     SharedExpert, Tensor, Weight,
 };
 use vt_cuda::CudaBackend;
@@ -123,7 +124,7 @@ fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
             if fused {
                 b.moe_block(x, &l.router, &l.experts, Some(&l.shared()))?;
             } else {
-                moe_block_composed(b, x, &l.router, &l.experts, Some(&l.shared()))?;
+                composed::moe_block(b, x, &l.router, &l.experts, Some(&l.shared()))?;
             }
             Ok(())
         };
@@ -178,7 +179,7 @@ fn gdn(b: &B, r: &Report) -> Result<()> {
             if fused {
                 b.gated_delta_step(&step, &mut seqs)?;
             } else {
-                gated_delta_step_composed(b, &step, &mut seqs)?;
+                composed::gated_delta_step(b, &step, &mut seqs)?;
             }
             Ok(())
         };

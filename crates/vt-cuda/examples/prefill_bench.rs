@@ -11,9 +11,9 @@
 
 use std::io::Write;
 
+use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, RouterKind,
-    Tensor, Weight,
+    AttentionParams, DType, Expert, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, RouterKind, Tensor, Weight,
 };
 use vt_cuda::CudaBackend;
 

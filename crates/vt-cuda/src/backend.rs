@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use half::bf16;
+use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, Backend, DType, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats,
-    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
+    AttentionParams, DType, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats, MoeExperts,
+    NormKind, Result, Rope, Router, SharedExpert, Tensor, Weight,
 };
 
 use crate::alloc::{AllocMode, Allocator, CudaBuffer};
@@ -171,10 +172,8 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Device for CudaBackend {
     type Buffer = CudaBuffer;
-    type KvCache = CudaKvCache;
-    type StepGraph = CudaStepGraph;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -242,7 +241,7 @@ impl Backend for CudaBackend {
     fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
         let (rows, n) = (x.rows(), x.last_dim());
         if x.dtype() != DType::BF16 || n == 0 || rows == 0 {
-            return vt_core::backend::argmax_rows_composed(self, x);
+            return vt_core::backend::composed::argmax_rows(self, x);
         }
         // Before the launch: a recorder would keep the kernels in its recording.
         check(self.recording().is_none(), "argmax_rows", || "a recorder runs nothing to read back".into())?;
@@ -275,6 +274,12 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {
+        crate::fill::random(self, dtype, shape, seed, scale)
+    }
+}
+
+impl Ops for CudaBackend {
     fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
         let [vocab, hidden] = *table.shape() else {
             return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
@@ -378,51 +383,8 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
-        // One GEMV launch when every weight reads x's width (gemv checks the rest); else one each.
-        if ws.iter().all(|w| w.weight.dims().1 == x.last_dim()) {
-            let outs = ws
-                .iter()
-                .map(|w| self.empty(DType::BF16, &with_last(x.shape(), w.weight.dims().0)))
-                .collect::<Result<Vec<_>>>()?;
-            let parts: Vec<_> = ws.iter().zip(&outs).map(|(w, o)| (&w.weight, o.buffer().ptr())).collect();
-            if crate::gemv::gemv(self, act(x, "linear")?, x.rows(), &parts)? {
-                return Ok(outs);
-            }
-        }
-        ws.iter().map(|w| self.linear(x, w)).collect()
-    }
-
     fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
         self.binary(a, b, "add")
-    }
-
-    fn add_rms_norm(
-        &self,
-        x: &Tensor<Self>,
-        y: &Tensor<Self>,
-        w: &Tensor<Self>,
-        eps: f32,
-        kind: NormKind,
-    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
-        let d = x.last_dim();
-        check(x.shape() == y.shape() && w.numel() == d, "add_rms_norm", || {
-            format!("inputs {:?} and {:?}, weight {:?}", x.shape(), y.shape(), w.shape())
-        })?;
-        let (px, py, pw, wdt) =
-            (act(x, "add_rms_norm")?, act(y, "add_rms_norm")?, w.buffer().ptr(), float_code(w, "add_rms_norm")?);
-        let offset = kind.weight_offset();
-        let (sum, out) = (self.empty(DType::BF16, x.shape())?, self.empty(DType::BF16, x.shape())?);
-        let (ps, po, di) = (sum.buffer().ptr(), out.buffer().ptr(), i32_of(d, "norm width")?);
-        let mut l = Overlapped::new(self, &self.k().add_rms_norm);
-        l.arg(&ps).arg(&po).arg(&px).arg(&py).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
-        let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w,
-        // int wdt, int d, float eps, float offset): one block per row of d values; x, y, sum, out
-        // hold rows * d values (one shape, checked), w holds d values of dtype wdt.
-        // The kernel starts with grid_dep_begin.
-        unsafe { l.launch(cfg, "add_rms_norm")? };
-        Ok((sum, out))
     }
 
     fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
@@ -522,66 +484,6 @@ impl Backend for CudaBackend {
         // t * heads * d values; start_at is 0 or a recording's position; the kernel starts with grid_dep_begin.
         unsafe { l.launch(grid1(x.numel()), "rope")? };
         Ok(out)
-    }
-
-    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
-        check(self.recording().is_none(), "recorder", || "a recorder cannot record".into())?;
-        let recording = Recording::begin(self.stream(), self.buffer(4 * (1 + ids))?, ids, pos)?;
-        let alloc = Arc::new(Allocator::for_recording(self.alloc(), recording.stream().clone()));
-        let inner = Inner {
-            id: self.inner.id,
-            kernels: self.inner.kernels.clone(),
-            gemm: self.inner.gemm.clone(),
-            alloc,
-            recording: Some(recording),
-        };
-        Ok(Some(CudaBackend { inner: Arc::new(inner) }))
-    }
-
-    fn is_recording(&self) -> bool {
-        self.recording().is_some()
-    }
-
-    fn finish_recording(&self, recorder: Self) -> Result<CudaStepGraph> {
-        crate::record::finish(self, recorder)
-    }
-
-    fn replay(
-        &self,
-        graph: &mut CudaStepGraph,
-        ids: &[u32],
-        pos: usize,
-        caches: &mut [&mut CudaKvCache],
-    ) -> Result<bool> {
-        crate::record::replay(self, graph, ids, pos, caches)
-    }
-
-    fn kv_reserve(&self, cache: &mut CudaKvCache, positions: usize) -> Result<()> {
-        check(self.recording().is_none(), "kv_reserve", || "a recorder cannot move a cache".into())?;
-        cache.reserve_total(positions)
-    }
-
-    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
-        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
-        Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
-    }
-
-    fn kv_clear(&self, cache: &mut CudaKvCache) -> Result<()> {
-        // The rows stay: position p goes to row p (p % window) again, and no kernel reads a row
-        // past the positions seen.
-        cache.len = 0;
-        Ok(())
-    }
-
-    fn attention(
-        &self,
-        q: &Tensor<Self>,
-        k: &Tensor<Self>,
-        v: &Tensor<Self>,
-        cache: &mut CudaKvCache,
-        params: &AttentionParams,
-    ) -> Result<Tensor<Self>> {
-        crate::kv::attention(self, q, k, v, cache, params)
     }
 
     fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
@@ -690,6 +592,83 @@ impl Backend for CudaBackend {
         }
         crate::moe::moe(self, x, router, experts)
     }
+}
+
+impl KvOps for CudaBackend {
+    type KvCache = CudaKvCache;
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
+        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
+    }
+
+    fn kv_clear(&self, cache: &mut CudaKvCache) -> Result<()> {
+        // The rows stay: position p goes to row p (p % window) again, and no kernel reads a row
+        // past the positions seen.
+        cache.len = 0;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cache: &mut CudaKvCache,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        crate::kv::attention(self, q, k, v, cache, params)
+    }
+
+    fn kv_reserve(&self, cache: &mut CudaKvCache, positions: usize) -> Result<()> {
+        check(self.recording().is_none(), "kv_reserve", || "a recorder cannot move a cache".into())?;
+        cache.reserve_total(positions)
+    }
+}
+
+impl FusedOps for CudaBackend {
+    fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
+        // One GEMV launch when every weight reads x's width (gemv checks the rest); else one each.
+        if ws.iter().all(|w| w.weight.dims().1 == x.last_dim()) {
+            let outs = ws
+                .iter()
+                .map(|w| self.empty(DType::BF16, &with_last(x.shape(), w.weight.dims().0)))
+                .collect::<Result<Vec<_>>>()?;
+            let parts: Vec<_> = ws.iter().zip(&outs).map(|(w, o)| (&w.weight, o.buffer().ptr())).collect();
+            if crate::gemv::gemv(self, act(x, "linear")?, x.rows(), &parts)? {
+                return Ok(outs);
+            }
+        }
+        ws.iter().map(|w| self.linear(x, w)).collect()
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &Tensor<Self>,
+        y: &Tensor<Self>,
+        w: &Tensor<Self>,
+        eps: f32,
+        kind: NormKind,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        let d = x.last_dim();
+        check(x.shape() == y.shape() && w.numel() == d, "add_rms_norm", || {
+            format!("inputs {:?} and {:?}, weight {:?}", x.shape(), y.shape(), w.shape())
+        })?;
+        let (px, py, pw, wdt) =
+            (act(x, "add_rms_norm")?, act(y, "add_rms_norm")?, w.buffer().ptr(), float_code(w, "add_rms_norm")?);
+        let offset = kind.weight_offset();
+        let (sum, out) = (self.empty(DType::BF16, x.shape())?, self.empty(DType::BF16, x.shape())?);
+        let (ps, po, di) = (sum.buffer().ptr(), out.buffer().ptr(), i32_of(d, "norm width")?);
+        let mut l = Overlapped::new(self, &self.k().add_rms_norm);
+        l.arg(&ps).arg(&po).arg(&px).arg(&py).arg(&pw).arg(&wdt).arg(&di).arg(&eps).arg(&offset);
+        let cfg = LaunchConfig { grid_dim: (x.rows() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: add_rms_norm(bf16* sum, bf16* out, const bf16* x, const bf16* y, const void* w,
+        // int wdt, int d, float eps, float offset): one block per row of d values; x, y, sum, out
+        // hold rows * d values (one shape, checked), w holds d values of dtype wdt.
+        // The kernel starts with grid_dep_begin.
+        unsafe { l.launch(cfg, "add_rms_norm")? };
+        Ok((sum, out))
+    }
 
     /// A few tokens (decode) take the fused kernels of moe_decode.rs, the rest the composed ops.
     fn moe_block(
@@ -701,14 +680,14 @@ impl Backend for CudaBackend {
     ) -> Result<Tensor<Self>> {
         match crate::moe_decode::moe_block(self, x, router, experts, shared)? {
             Some(out) => Ok(out),
-            None => vt_core::backend::moe_block_composed(self, x, router, experts, shared),
+            None => vt_core::backend::composed::moe_block(self, x, router, experts, shared),
         }
     }
 
     fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
         match crate::gdn_decode::step(self, step, states)? {
             Some(out) => Ok(out),
-            None => vt_core::backend::gated_delta_step_composed(self, step, states),
+            None => vt_core::backend::composed::gated_delta_step(self, step, states),
         }
     }
 
@@ -724,11 +703,43 @@ impl Backend for CudaBackend {
     ) -> Result<Tensor<Self>> {
         match crate::kv::attention_decode(self, q, k, v, rope, positions, caches, params)? {
             Some(out) => Ok(out),
-            None => vt_core::backend::attention_decode_composed(self, q, k, v, rope, positions, caches, params),
+            None => vt_core::backend::composed::attention_decode(self, q, k, v, rope, positions, caches, params),
         }
     }
+}
 
-    fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {
-        crate::fill::random(self, dtype, shape, seed, scale)
+impl StepRecording for CudaBackend {
+    type StepGraph = CudaStepGraph;
+
+    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
+        check(self.recording().is_none(), "recorder", || "a recorder cannot record".into())?;
+        let recording = Recording::begin(self.stream(), self.buffer(4 * (1 + ids))?, ids, pos)?;
+        let alloc = Arc::new(Allocator::for_recording(self.alloc(), recording.stream().clone()));
+        let inner = Inner {
+            id: self.inner.id,
+            kernels: self.inner.kernels.clone(),
+            gemm: self.inner.gemm.clone(),
+            alloc,
+            recording: Some(recording),
+        };
+        Ok(Some(CudaBackend { inner: Arc::new(inner) }))
+    }
+
+    fn is_recording(&self) -> bool {
+        self.recording().is_some()
+    }
+
+    fn finish_recording(&self, recorder: Self) -> Result<CudaStepGraph> {
+        crate::record::finish(self, recorder)
+    }
+
+    fn replay(
+        &self,
+        graph: &mut CudaStepGraph,
+        ids: &[u32],
+        pos: usize,
+        caches: &mut [&mut CudaKvCache],
+    ) -> Result<bool> {
+        crate::record::replay(self, graph, ids, pos, caches)
     }
 }

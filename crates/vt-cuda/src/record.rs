@@ -12,7 +12,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
-use vt_core::{Backend, Result};
+use vt_core::backend::prelude::*;
+use vt_core::Result;
 
 use crate::capture::Recording;
 use crate::error::{driver_err, err};

@@ -9,7 +9,7 @@
 //! tests to fail.
 #![cfg(feature = "cuda")]
 
-use vt_core::Backend;
+use vt_core::backend::prelude::*;
 use vt_cuda::{AllocMode, CudaBackend};
 use vt_models::Model;
 use vt_test_support::lifetime::{assert_bit_identical, checks, moe_pairs, run};

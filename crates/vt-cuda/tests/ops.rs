@@ -9,9 +9,10 @@
 //! op prints the worst error found (`--nocapture`).
 #![cfg(feature = "cuda")]
 
+use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, Backend, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts,
-    NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
+    AttentionParams, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, NormKind,
+    Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;

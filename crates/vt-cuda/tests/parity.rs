@@ -23,7 +23,7 @@
 
 use std::path::Path;
 
-use vt_core::Backend;
+use vt_core::backend::prelude::*;
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
 use vt_models::{Logits, Model};

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
+use vt_core::backend::prelude::*;
 use vt_core::checkpoint::Checkpoint;
-use vt_core::Backend;
 use vt_cuda::CudaBackend;
 use vt_models::{DummyWeights, Logits, Model};
 use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};

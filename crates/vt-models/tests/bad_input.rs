@@ -175,9 +175,9 @@ fn prompt_ids_outside_vocabulary_are_rejected_without_harming_the_state() {
     assert_mentions(&err, &[&vocab.to_string(), "vocabulary"]);
     assert_eq!(st.len(), 0, "a rejected prompt must not advance the sequence");
     // The state is still usable and gives what a fresh one gives.
-    let a = vt_core::Backend::to_f32(&b, &m.forward(&[1, 2, 3], &mut st, Logits::Last).unwrap()).unwrap();
+    let a = vt_core::Device::to_f32(&b, &m.forward(&[1, 2, 3], &mut st, Logits::Last).unwrap()).unwrap();
     let mut fresh = m.new_state().unwrap();
-    let f = vt_core::Backend::to_f32(&b, &m.forward(&[1, 2, 3], &mut fresh, Logits::Last).unwrap()).unwrap();
+    let f = vt_core::Device::to_f32(&b, &m.forward(&[1, 2, 3], &mut fresh, Logits::Last).unwrap()).unwrap();
     assert_eq!(a, f);
 }
 

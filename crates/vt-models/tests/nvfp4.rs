@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+use vt_core::backend::prelude::*;
 use vt_core::checkpoint::{Checkpoint, TensorStore};
-use vt_core::{Backend, DType, Weight};
+use vt_core::{DType, Weight};
 use vt_cpu::CpuBackend;
 use vt_models::{Loader, Logits, Model};
 use vt_test_support::{fixture, max_abs_diff, Reference, LOGIT_TOL};

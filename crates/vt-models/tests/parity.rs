@@ -1,7 +1,7 @@
 //! CPU f32 against transformers f32 on every committed fixture: logits of one full forward,
 //! prefill-then-decode logits, and greedy continuations.
 
-use vt_core::Backend;
+use vt_core::backend::prelude::*;
 use vt_cpu::CpuBackend;
 use vt_models::{Logits, Model};
 use vt_test_support::{all_fixtures, check_greedy, max_abs_diff, Reference, LOGIT_TOL};

@@ -1,0 +1,190 @@
+//! Every composed default of the layer traits, written with the primitive ops: what a backend
+//! gets for a method it does not override, and what a fusing backend falls back to where its
+//! fused kernel does not fit.
+
+use super::{AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, NormKind, Ops};
+use super::{Rope, SharedExpert};
+use crate::tensor::Tensor;
+use crate::weights::{Linear, MoeExperts, Router};
+use crate::Result;
+
+/// `Device::argmax_rows` from the rows read back.
+pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>) -> Result<Vec<u32>> {
+    let width = x.last_dim();
+    if width == 0 {
+        return Err(crate::Error::input(format!("argmax_rows: rows of no values {:?}", x.shape())));
+    }
+    Ok(b.to_f32(x)?.chunks(width).map(|row| argmax(row) as u32).collect())
+}
+
+/// The index of the largest value of `row`, the first on ties; a NaN never wins, except at index
+/// 0, where it is never displaced (the greedy rule: vt's sampler, and every `argmax_rows`).
+/// An empty row gives 0.
+pub fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+}
+
+/// `Ops::concat_rows` through the host.
+pub fn concat_rows<B: Device>(b: &B, parts: &[&Tensor<B>]) -> Result<Tensor<B>> {
+    let width = parts.first().map_or(0, |p| p.last_dim());
+    if let Some(p) = parts.iter().find(|p| p.last_dim() != width) {
+        return Err(crate::Error::backend(
+            b.name(),
+            format!("concat_rows: width {} differs from {width}", p.last_dim()),
+        ));
+    }
+    let mut data = Vec::new();
+    for p in parts {
+        data.extend(b.to_f32(p)?);
+    }
+    b.from_f32(&[data.len() / width.max(1), width], &data)
+}
+
+/// `FusedOps::linear_many`: one `linear` per weight.
+pub fn linear_many<B: Ops>(b: &B, x: &Tensor<B>, ws: &[&Linear<B>]) -> Result<Vec<Tensor<B>>> {
+    ws.iter().map(|w| b.linear(x, w)).collect()
+}
+
+/// `FusedOps::add_rms_norm`: `add`, then `rms_norm`.
+pub fn add_rms_norm<B: Ops>(
+    b: &B,
+    x: &Tensor<B>,
+    y: &Tensor<B>,
+    w: &Tensor<B>,
+    eps: f32,
+    kind: NormKind,
+) -> Result<(Tensor<B>, Tensor<B>)> {
+    let sum = b.add(x, y)?;
+    let normed = b.rms_norm(&sum, w, eps, kind)?;
+    Ok((sum, normed))
+}
+
+/// `FusedOps::moe_block` from the primitive ops.
+pub fn moe_block<B: Ops>(
+    b: &B,
+    x: &Tensor<B>,
+    router: &Router<B>,
+    experts: &MoeExperts<B>,
+    shared: Option<&SharedExpert<'_, B>>,
+) -> Result<Tensor<B>> {
+    let routed = b.moe(x, router, experts)?;
+    let Some(s) = shared else { return Ok(routed) };
+    let mut y = b.linear(&b.swiglu(&b.linear(x, s.gate)?, &b.linear(x, s.up)?)?, s.down)?;
+    if let Some(g) = s.gate_proj {
+        y = b.gate(&y, &b.linear(x, g)?, GateAct::Sigmoid)?;
+    }
+    b.add(&routed, &y)
+}
+
+/// Sequence `i`'s part of `x`, whose first dimension is `n` sequences, as `[1, ..]`; `None` where
+/// `x` is all of it (`n` = 1).
+fn seq_part<B: Ops>(b: &B, x: &Tensor<B>, i: usize, n: usize) -> Result<Option<Tensor<B>>> {
+    if n == 1 {
+        return Ok(None);
+    }
+    let per = x.rows() / n;
+    let mut shape = x.shape().to_vec();
+    shape[0] = 1;
+    Ok(Some(b.slice_rows(x, i * per, per)?.reshape(&shape)?))
+}
+
+/// Whether every tensor's first dimension is `n` (a part per sequence).
+fn per_seq<B: Device>(n: usize, ts: &[&Tensor<B>]) -> bool {
+    n > 0 && ts.iter().all(|t| t.shape().first() == Some(&n))
+}
+
+/// `FusedOps::gated_delta_step` from the primitive ops, a sequence at a time.
+pub fn gated_delta_step<B: Ops>(b: &B, s: &GdnStep<'_, B>, states: &mut [GdnState<'_, B>]) -> Result<Tensor<B>> {
+    let op = "gated_delta_step";
+    let n = states.len();
+    if !per_seq(n, &[s.qkv, s.a, s.b]) {
+        return Err(crate::Error::input(format!(
+            "{op}: {n} sequences with qkv {:?}, a {:?}, b {:?} (a row each)",
+            s.qkv.shape(),
+            s.a.shape(),
+            s.b.shape()
+        )));
+    }
+    let key_total = s.key_heads * s.key_dim;
+    let parts = states
+        .iter_mut()
+        .enumerate()
+        .map(|(i, st)| {
+            let (x, a, beta) = (seq_part(b, s.qkv, i, n)?, seq_part(b, s.a, i, n)?, seq_part(b, s.b, i, n)?);
+            let (x, a, beta) = (x.as_ref().unwrap_or(s.qkv), a.as_ref().unwrap_or(s.a), beta.as_ref().unwrap_or(s.b));
+            let qkv = b.causal_conv1d(x, s.conv, st.conv)?;
+            let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+            let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[1, s.key_heads, s.key_dim])?;
+            let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
+                1,
+                s.value_heads,
+                s.value_dim,
+            ])?;
+            let inputs = GdnInputs { q: &q, k: &k, v: &v, a, b: beta, a_log: s.a_log, dt_bias: s.dt_bias };
+            b.gated_delta_rule(&inputs, st.recurrent, GdnMode::Recurrent)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    stack_rows(b, parts)
+}
+
+/// `FusedOps::attention_decode` from `rope` and `attention`, a sequence at a time.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode<B: KvOps>(
+    b: &B,
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    v: &Tensor<B>,
+    rope: &Rope,
+    positions: &[usize],
+    caches: &mut [&mut B::KvCache],
+    params: &AttentionParams,
+) -> Result<Tensor<B>> {
+    let op = "attention_decode";
+    let n = caches.len();
+    if positions.len() != n || !per_seq(n, &[q, k, v]) {
+        return Err(crate::Error::input(format!(
+            "{op}: {n} caches, {} positions, q {:?}, k {:?}, v {:?} (a row each)",
+            positions.len(),
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
+    }
+    let parts = caches
+        .iter_mut()
+        .zip(positions)
+        .enumerate()
+        .map(|(i, (cache, &pos))| {
+            let (qi, ki, vi) = (seq_part(b, q, i, n)?, seq_part(b, k, i, n)?, seq_part(b, v, i, n)?);
+            let qi = b.rope(qi.as_ref().unwrap_or(q), pos, rope)?;
+            let ki = b.rope(ki.as_ref().unwrap_or(k), pos, rope)?;
+            b.attention(&qi, &ki, vi.as_ref().unwrap_or(v), cache, params)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    stack_rows(b, parts)
+}
+
+/// `parts` (`[rows_i, width]`) stacked by rows: the one part itself, uncopied, or `concat_rows`.
+pub fn stack_rows<B: Ops>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>> {
+    match parts.len() {
+        1 => parts.pop().ok_or_else(|| crate::Error::input("no rows to stack")),
+        _ => b.concat_rows(&parts.iter().collect::<Vec<_>>()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_largest_and_skips_nan_after_the_first_value() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
+        assert_eq!(argmax(&[-inf, -inf, -inf]), 0);
+        assert_eq!(argmax(&[-inf, -1.0, -inf]), 1);
+        assert_eq!(argmax(&[0.5, nan, 0.7, nan]), 2);
+        assert_eq!(argmax(&[nan, 5.0, 9.0]), 0);
+        assert_eq!(argmax(&[2.0, inf, inf]), 1);
+        assert_eq!(argmax(&[]), 0);
+    }
+}

@@ -1,0 +1,55 @@
+//! The bottom layer: a backend's identity, its memory and the transfers in and out of it. Every
+//! other layer builds on this one, and `Tensor<B>` needs only it.
+
+use crate::tensor::Tensor;
+use crate::{DType, Result};
+
+/// Memory a backend instance has handed out and not yet been given back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub bytes_live: usize,
+    pub blocks_live: usize,
+    pub peak_bytes: usize,
+}
+
+pub trait Device: Clone + Send + Sync + Sized + 'static {
+    type Buffer: Send + Sync + 'static;
+
+    fn name(&self) -> &'static str;
+    /// Distinct for every backend instance in the process.
+    fn instance_id(&self) -> u64;
+    fn activation_dtype(&self) -> DType;
+    fn memory(&self) -> MemoryStats;
+    /// Address of a buffer's first byte (device address on a GPU).
+    fn buffer_addr(&self, buf: &Self::Buffer) -> usize;
+
+    /// Copies stored bytes in as they are (weights keep their dtype).
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>>;
+    /// An activation tensor (of `activation_dtype`) from f32 values.
+    #[allow(clippy::wrong_self_convention)] // the backend makes it: `self` is where it lives
+    fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>>;
+    /// An f32 tensor of zeros (recurrent state).
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>>;
+    /// Zeros in `activation_dtype` (convolution state).
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>>;
+    /// Sets every element of `t` to zero where it is (a sequence state emptied for reuse keeps
+    /// its storage, and so what was recorded over it).
+    fn zero(&self, t: &mut Tensor<Self>) -> Result<()>;
+    fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
+    /// `argmax` of each row of `x` (greedy decoding's token per row): a read-back, like `to_f32`,
+    /// of only what the host needs. A backend may pick on the device and read back only the
+    /// indices; the default reads the rows back.
+    fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
+        super::composed::argmax_rows(self, x)
+    }
+
+    /// Random contents at `shape` (dummy weights for benchmarks); values as `random::random_bytes`
+    /// gives them. It sits with the transfers, not the ops, because it is another way to fill
+    /// fresh memory (the dummy-weight loader's `upload`), never a step of a model's graph; a
+    /// backend generates on the device so that a large dummy model is not staged through the
+    /// host. The default generates on the host and uploads.
+    fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {
+        let bytes = crate::random::random_bytes(dtype, shape.iter().product(), seed, scale)?;
+        self.upload(dtype, shape, &bytes)
+    }
+}

@@ -1,0 +1,101 @@
+//! Fused ops: steps made of primitive ops that a backend may run as fewer, faster launches. Each
+//! has a composed default in `composed.rs`, so a new backend can leave them all out.
+
+use super::{composed, AttentionParams, KvOps, NormKind, Rope};
+use crate::tensor::Tensor;
+use crate::weights::{Linear, MoeExperts, Router};
+use crate::Result;
+
+/// One decode token of a Gated DeltaNet mixer for each of `n` sequences: its convolution step and
+/// the gated delta rule.
+pub struct GdnStep<'a, B: super::Device> {
+    /// `[n, 2 * key_heads * key_dim + value_heads * value_dim]`: the q, k and v channels before
+    /// the convolution, a row per sequence.
+    pub qkv: &'a Tensor<B>,
+    /// Depthwise convolution weight `[channels, kernel]`.
+    pub conv: &'a Tensor<B>,
+    /// `[n, value_heads]`, `[n, value_heads]`, `[value_heads]`, `[value_heads]`: as in `GdnInputs`.
+    pub a: &'a Tensor<B>,
+    pub b: &'a Tensor<B>,
+    pub a_log: &'a Tensor<B>,
+    pub dt_bias: &'a Tensor<B>,
+    pub key_heads: usize,
+    pub key_dim: usize,
+    pub value_heads: usize,
+    pub value_dim: usize,
+}
+
+/// One sequence's Gated DeltaNet state.
+pub struct GdnState<'a, B: super::Device> {
+    /// The convolution's previous inputs, `[channels, kernel - 1]` in `activation_dtype`.
+    pub conv: &'a mut Tensor<B>,
+    /// The recurrent state, f32 `[value_heads, key_dim, value_dim]`.
+    pub recurrent: &'a mut Tensor<B>,
+}
+
+/// The shared expert of an MoE block: SwiGLU `down(silu(gate x) * up x)`, times
+/// `sigmoid(gate_proj x)` where the model gates it.
+pub struct SharedExpert<'a, B: super::Device> {
+    pub gate: &'a Linear<B>,
+    pub up: &'a Linear<B>,
+    pub down: &'a Linear<B>,
+    /// `[1, hidden]`.
+    pub gate_proj: Option<&'a Linear<B>>,
+}
+
+pub trait FusedOps: KvOps {
+    /// `linear(x, w)` for each of `ws`: projections that read one input (a backend may stream
+    /// them in one pass).
+    fn linear_many(&self, x: &Tensor<Self>, ws: &[&Linear<Self>]) -> Result<Vec<Tensor<Self>>> {
+        composed::linear_many(self, x, ws)
+    }
+
+    /// `x + y` and its RMSNorm: a residual update and the norm that follows it.
+    fn add_rms_norm(
+        &self,
+        x: &Tensor<Self>,
+        y: &Tensor<Self>,
+        w: &Tensor<Self>,
+        eps: f32,
+        kind: NormKind,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        composed::add_rms_norm(self, x, y, w, eps, kind)
+    }
+
+    /// A whole MoE block: routed experts plus the shared expert, if any.
+    fn moe_block(
+        &self,
+        x: &Tensor<Self>,
+        router: &Router<Self>,
+        experts: &MoeExperts<Self>,
+        shared: Option<&SharedExpert<'_, Self>>,
+    ) -> Result<Tensor<Self>> {
+        composed::moe_block(self, x, router, experts, shared)
+    }
+
+    /// One decode token of a Gated DeltaNet mixer for each of `states.len()` sequences (row `i`
+    /// of `step`'s inputs is sequence `i`'s): the convolution step (updating `states[i].conv`)
+    /// and the recurrent gated delta rule (updating `states[i].recurrent`) ->
+    /// `[n, value_heads, value_dim]`.
+    fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
+        composed::gated_delta_step(self, step, states)
+    }
+
+    /// Attention of one new token for each of `caches.len()` sequences: row `i` of `q`
+    /// `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads, head_dim]` sits at position
+    /// `positions[i]`, the length of `caches[i]`. Rotates q and k at those positions (`rope`),
+    /// appends k and v to each cache and attends as `attention` does -> `[n, q_heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_decode(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        rope: &Rope,
+        positions: &[usize],
+        caches: &mut [&mut Self::KvCache],
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        composed::attention_decode(self, q, k, v, rope, positions, caches, params)
+    }
+}
