@@ -58,7 +58,8 @@ fn options(arch: &str) -> Vec<String> {
 }
 
 /// PTX of every `(file, source)`, in order, compiled for `arch` side by side (NVRTC is CPU work and
-/// the files are independent: a backend starts in about the time of the slowest file, gdn_chunk.cu).
+/// the files are independent: a backend starts in about the time of the slowest file,
+/// gdn_chunk.cu).
 fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
     sources
         .par_iter()
@@ -187,11 +188,11 @@ mod tests {
     #[test]
     fn the_kernels_mirror_this_crates_layouts_and_sizes() {
         let mirrors = [
-            ("gemv.cu", [crate::weight::mirrors(), crate::gemv::mirrors()].concat()),
-            ("moe_decode.cu", [crate::moe::mirrors(), crate::moe_decode::mirrors()].concat()),
-            ("moe_prefill.cu", crate::moe::mirrors()),
-            ("attn_decode.cu", crate::attn_decode::mirrors()),
-            ("gdn_chunk.cu", crate::gdn_chunk::mirrors()),
+            ("gemv.cu", [crate::weight::mirrors(), crate::ops::linear::gemv::mirrors()].concat()),
+            ("moe_decode.cu", [crate::ops::moe::routing_mirrors(), crate::ops::moe::decode_mirrors()].concat()),
+            ("moe_prefill.cu", crate::ops::moe::routing_mirrors()),
+            ("attn_decode.cu", crate::ops::attention::decode::mirrors()),
+            ("gdn_chunk.cu", crate::ops::gdn::chunk::mirrors()),
         ];
         for (file, checks) in mirrors {
             let (_, src) = SOURCES.iter().find(|(f, _)| *f == file).unwrap();

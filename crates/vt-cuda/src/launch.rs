@@ -1,5 +1,7 @@
 //! How kernels are launched: argument helpers every op uses (`act`, `i32_of`, `grid1`, `launched`),
-//! and `Overlapped`, a launch that overlaps the previous kernel's end.
+//! and `Overlapped`, a launch that overlaps the previous kernel's end. Kernel arguments are device
+//! addresses (`u64`), `i32`/`i64` counts and `f32` scalars, in the order of each kernel's C
+//! signature (quoted at every launch).
 //!
 //! Programmatic dependent launch (Hopper): `Overlapped` launches a kernel that may start while the
 //! previous kernel on the stream is still finishing, so a decode kernel's weight loads (which no
@@ -14,8 +16,8 @@ use std::ffi::c_void;
 use cudarc::driver::{sys, CudaFunction, DeviceRepr, DriverError, LaunchConfig};
 use vt_core::{DType, Result, Tensor};
 
+use crate::device::CudaBackend;
 use crate::error::{check, driver_err, err};
-use crate::CudaBackend;
 
 /// Dynamic shared memory a kernel may use without opting in (48 KiB).
 pub(crate) const MAX_SHARED: usize = 48 << 10;

@@ -10,27 +10,15 @@
 #[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
-mod attn_decode;
-#[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
 mod capture;
 #[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
 mod error;
-#[cfg(feature = "cuda")]
-mod fill;
-#[cfg(feature = "cuda")]
-mod flash;
-#[cfg(feature = "cuda")]
-mod gdn_chunk;
-#[cfg(feature = "cuda")]
-mod gdn_decode;
-#[cfg(feature = "cuda")]
-mod gemv;
-#[cfg(feature = "cuda")]
-mod grouped;
 #[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
@@ -40,13 +28,9 @@ mod launch;
 #[cfg(feature = "cuda")]
 mod limits;
 #[cfg(feature = "cuda")]
-mod moe;
-#[cfg(feature = "cuda")]
-mod moe_decode;
+mod ops;
 #[cfg(feature = "cuda")]
 mod record;
-#[cfg(feature = "cuda")]
-mod rope;
 #[cfg(feature = "cuda")]
 mod timing;
 #[cfg(feature = "cuda")]
@@ -57,11 +41,11 @@ mod weight;
 #[cfg(feature = "cuda")]
 pub use alloc::{AllocMode, CudaBuffer};
 #[cfg(feature = "cuda")]
-pub use backend::CudaBackend;
+pub use device::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use kv::CudaKvCache;
 #[cfg(feature = "cuda")]
-pub use moe::CudaExpertTable;
+pub use ops::moe::CudaExpertTable;
 #[cfg(feature = "cuda")]
 pub use record::CudaStepGraph;
 #[cfg(feature = "cuda")]

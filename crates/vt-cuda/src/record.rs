@@ -16,10 +16,10 @@ use vt_core::backend::prelude::*;
 use vt_core::Result;
 
 use crate::capture::Recording;
+use crate::device::CudaBackend;
 use crate::error::{driver_err, err};
 use crate::kv::CudaKvCache;
 use crate::launch::i32_of;
-use crate::CudaBackend;
 
 /// A recorded decode step, ready to replay on the backend it was recorded from.
 pub struct CudaStepGraph {

@@ -7,9 +7,9 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::PushKernelArg;
 use vt_core::Result;
 
+use crate::device::CudaBackend;
 use crate::error::driver_err;
 use crate::launch::{grid1, launched};
-use crate::CudaBackend;
 
 impl CudaBackend {
     /// Median milliseconds of `iters` runs of `f` (each between two events), after `warmup` runs.

@@ -2,18 +2,18 @@
 //! activations, codes decoded in registers, f32 accumulation. The weight is repacked once, on the
 //! device at first use, into the kernel's fragment-ordered tiles; the copy is derived from the
 //! weight and so lives in its `Linear`'s resident slot. The stored codes stay as they are for the
-//! GEMV and MoE kernels. The grouped MoE prefill (grouped.rs) runs NVFP4 experts through the
-//! same tiles, kept with moe.rs's expert table.
+//! GEMV and MoE kernels. The grouped MoE prefill (ops/moe/grouped.rs) runs NVFP4 experts through
+//! the same tiles, kept with the MoE expert table (ops/moe/table.rs).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{Linear, Nvfp4, Result, Weight};
 
 use crate::alloc::CudaBuffer;
-use crate::error::check;
+use crate::device::CudaBackend;
+use crate::error::{check, err};
 use crate::kernels::allow_shared;
 use crate::launch::{i32_of, launched};
 use crate::weight::{WeightDesc, DT_NVFP4};
-use crate::CudaBackend;
 
 /// `W4_BN`, `W4_BK`, `W4_TILE_BYTES` and `W4_STAGES` of kernels/w4a16.cu; `ROWS` is the dense
 /// GEMM's 128 activation rows per block.
@@ -74,7 +74,7 @@ pub(crate) struct PackedExperts {
 }
 
 impl PackedExperts {
-    /// From moe.rs's host copy of the table (gate, up `[inter, hidden]` and down
+    /// From the expert table's host copy (gate, up `[inter, hidden]` and down
     /// `[hidden, inter]` per expert, all NVFP4 and alive as long as the table).
     pub(crate) fn new(b: &CudaBackend, descs: &[[WeightDesc; 3]], inter: usize, hidden: usize) -> Result<Self> {
         let mut tiles = Vec::with_capacity(descs.len() * 2);
@@ -99,17 +99,20 @@ impl PackedExperts {
     }
 }
 
-/// `y [t, n] = x [t, k] · Wᵀ` on the tensor cores when `w` is NVFP4; `false` leaves `y` for
-/// another path. `x` and `y` are device addresses of `t * k` and `t * n` bf16 values, alive until
-/// the stream has run (the caller's tensors).
-pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>, y: u64) -> Result<bool> {
-    let Weight::Nvfp4(q) = &w.weight else { return Ok(false) };
+/// Whether the tensor-core kernel takes `t` tokens of `w`: NVFP4 rows of whole 16-code scale groups
+/// (as checkpoints' are, validated at load; a weight made otherwise takes the simple kernel).
+pub(crate) fn fits(t: usize, w: &Weight<CudaBackend>) -> bool {
+    matches!(w, Weight::Nvfp4(_)) && t > 0 && t.div_ceil(ROWS) <= 65535 && w.dims().1.is_multiple_of(16)
+}
+
+/// `y [t, n] = x [t, k] · Wᵀ` on the tensor cores, for a `w` that `fits` took. `x` and `y` are
+/// device addresses of `t * k` and `t * n` bf16 values, alive until the stream has run (the
+/// caller's tensors).
+pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>, y: u64) -> Result<()> {
+    let (Weight::Nvfp4(q), true) = (&w.weight, fits(t, &w.weight)) else {
+        return Err(err(format!("linear: the W4A16 kernel does not take {t} tokens of this weight")));
+    };
     let (n, k) = w.weight.dims();
-    // Checkpoints' NVFP4 rows are whole 16-code scale groups (validated at load); a weight made
-    // otherwise takes the simple kernel.
-    if t == 0 || t.div_ceil(ROWS) > 65535 || !k.is_multiple_of(16) {
-        return Ok(false);
-    }
     let packed = w.resident.get_or_try_init(b, || PackedNvfp4::new(b, q))?;
     let f = &b.k().w4a16_gemm;
     allow_shared(f, GEMM_SHARED, "w4a16_gemm")?;
@@ -126,6 +129,5 @@ pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>,
     // shared memory (allowed above). `packed` is this weight's [n, k] repacked copy (its resident
     // slot, alive with `w`), read whole tiles at a time; x rows < t and inputs < k (k % 16 == 0,
     // validated at load, so 16-byte rows) are read, y outputs < (t, n) written.
-    launched(unsafe { l.launch(cfg) }, "w4a16_gemm")?;
-    Ok(true)
+    launched(unsafe { l.launch(cfg) }, "w4a16_gemm")
 }

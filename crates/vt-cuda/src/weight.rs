@@ -4,7 +4,7 @@
 use cudarc::driver::DeviceRepr;
 use vt_core::{DType, Error, Result, Tensor, Weight};
 
-use crate::CudaBackend;
+use crate::device::CudaBackend;
 
 pub(crate) use crate::limits::{DT_BF16, DT_F16, DT_F32, DT_NVFP4};
 

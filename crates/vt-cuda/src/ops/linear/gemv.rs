@@ -6,10 +6,11 @@
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
 use vt_core::{DType, Result, Weight};
 
+use crate::device::CudaBackend;
+use crate::error::{check, err};
 use crate::launch::{i32_of, Overlapped};
 use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS};
 use crate::weight::WeightDesc;
-use crate::CudaBackend;
 
 // A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
 /// Blocks (of one warp per row pair) below which the CUDA-core kernels split rows over 4 warps,
@@ -102,16 +103,33 @@ enum Out {
     F32 { ld: usize },
 }
 
-/// `y_p [t, n_p] = x [t, k] · W_pᵀ` for every `(W_p, y_p)` of `parts` in one launch, when the
-/// GEMV kernels take all the weights, in one format, for this batch; `false` leaves the outputs
-/// untouched for another path. `x` and each `y_p` are device addresses of `t * k` and `t * n_p`
-/// bf16 values, alive until the stream has run (the caller's tensors).
-pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)]) -> Result<bool> {
+/// The kernel and tiling that take `t` tokens of all of `ws` in one launch: one format, one input
+/// width, at most GEMV_MAX_PARTS weights.
+fn plan<'a>(b: &'a CudaBackend, t: usize, ws: &[&Weight<CudaBackend>]) -> Option<Tiling<'a>> {
+    let (first, rest) = ws.split_first()?;
+    let rows = ws.iter().map(|w| w.dims().0).sum();
+    let tiling = kernel_for(b, first, t, rows)?;
+    let k = first.dims().1;
+    let same = |w: &Weight<CudaBackend>| {
+        w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g.f, tiling.f))
+    };
+    (ws.len() <= GEMV_MAX_PARTS && rest.iter().all(|w| same(w))).then_some(tiling)
+}
+
+/// Whether the GEMV kernels take `t` tokens of all of `ws` in one launch.
+pub(crate) fn fits(b: &CudaBackend, t: usize, ws: &[&Weight<CudaBackend>]) -> bool {
+    plan(b, t, ws).is_some()
+}
+
+/// `y_p [t, n_p] = x [t, k] · W_pᵀ` for every `(W_p, y_p)` of `parts`, whose weights `fits`
+/// took, in one launch. `x` and each `y_p` are device addresses of `t * k` and `t * n_p` bf16
+/// values, alive until the stream has run (the caller's tensors).
+pub(crate) fn gemv(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)]) -> Result<()> {
     launch(b, x, t, parts, Out::Bf16)
 }
 
 /// A MoE block's routing logits for `t` tokens as f32 `[t, ld]` at `y`: the router's `n` rows in
-/// columns `0..n`, the shared-expert gate's one row, if any, in column `n`. `false` as for `gemv`.
+/// columns `0..n`, the shared-expert gate's one row, if any, in column `n` (`fits` took both).
 pub(crate) fn logits(
     b: &CudaBackend,
     x: u64,
@@ -120,28 +138,20 @@ pub(crate) fn logits(
     gate: Option<&Weight<CudaBackend>>,
     y: u64,
     ld: usize,
-) -> Result<bool> {
+) -> Result<()> {
     let n = router.dims().0;
-    if ld < n + gate.is_some() as usize {
-        return Ok(false);
-    }
+    check(ld >= n + gate.is_some() as usize, "moe_block", || format!("logits of {n} experts in rows of {ld}"))?;
     match gate {
         Some(g) => launch(b, x, t, &[(router, y), (g, y + 4 * n as u64)], Out::F32 { ld }),
         None => launch(b, x, t, &[(router, y)], Out::F32 { ld }),
     }
 }
 
-fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)], out: Out) -> Result<bool> {
-    let Some(((first, _), rest)) = parts.split_first() else { return Ok(false) };
-    let rows = parts.iter().map(|(w, _)| w.dims().0).sum();
-    let Some(tiling) = kernel_for(b, first, t, rows) else { return Ok(false) };
-    let k = first.dims().1;
-    let same = |w: &Weight<CudaBackend>| {
-        w.dims().1 == k && kernel_for(b, w, t, rows).is_some_and(|g| std::ptr::eq(g.f, tiling.f))
-    };
-    if parts.len() > GEMV_MAX_PARTS || !rest.iter().all(|(w, _)| same(w)) {
-        return Ok(false);
-    }
+fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64)], out: Out) -> Result<()> {
+    let ws: Vec<_> = parts.iter().map(|(w, _)| *w).collect();
+    let tiling =
+        plan(b, t, &ws).ok_or_else(|| err(format!("linear: no GEMV kernel takes these weights at {t} tokens")))?;
+    let first = ws[0];
     let Tiling { f, group_rows, warps, ks } = tiling;
     let mut p = GemvParts {
         w: [WeightDesc::of(first, "linear")?; GEMV_MAX_PARTS],
@@ -172,7 +182,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let mut l = Overlapped::new(b, f);
     l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
-        grid_dim: (u32::try_from(blocks).map_err(|_| crate::error::err("linear: too many rows"))?, 1, 1),
+        grid_dim: (u32::try_from(blocks).map_err(|_| err("linear: too many rows"))?, 1, 1),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -184,8 +194,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // inputs for the tensor-core kernels); x holds t * k values, each y[i] t rows of ld[i] (>=
     // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).
     // The kernel reads only weights before grid_dep_wait.
-    unsafe { l.launch(cfg, "gemv")? };
-    Ok(true)
+    unsafe { l.launch(cfg, "gemv") }
 }
 
 /// The C struct's layout is this one's (kernels.rs's tests).

@@ -7,10 +7,10 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::Result;
 
+use crate::device::CudaBackend;
 use crate::kernels::allow_shared;
 use crate::launch::{i32_of, launched};
 use crate::limits::{GC, GDK, GS_BV};
-use crate::CudaBackend;
 
 /// Dynamic shared memory (bytes) of gdn_chunk_prep (`GP_SHARED` floats, 2 blocks per SM) and
 /// gdn_chunk_scan (checked against the kernels' by the tests).
@@ -25,9 +25,9 @@ pub(crate) fn fits(t: usize, key_dim: usize, value_dim: usize, max_shared: usize
     t > 1 && key_dim == GDK && matches!(value_dim, 64 | 128) && PREP_SHARED.max(SCAN_SHARED) <= max_shared
 }
 
-/// Device addresses of one call, as backend.rs checked them: q, k `[t, key_heads, 128]`, v and
-/// out `[t, value_heads, dv]`, a, b `[t, value_heads]` (bf16); a_log, dt_bias `[value_heads]` of
-/// the given dtype codes; state f32 `[value_heads, 128, dv]`.
+/// Device addresses of one call, as the gated delta rule op checked them: q, k `[t, key_heads,
+/// 128]`, v and out `[t, value_heads, dv]`, a, b `[t, value_heads]` (bf16); a_log, dt_bias
+/// `[value_heads]` of the given dtype codes; state f32 `[value_heads, 128, dv]`.
 pub(crate) struct Operands {
     pub out: u64,
     pub q: u64,

@@ -2,19 +2,13 @@
 //! not minutes of host generation and upload).
 
 use cudarc::driver::PushKernelArg;
-use vt_core::{DType, Error, Result, Tensor};
+use vt_core::{DType, Error, Result};
 
+use crate::device::{CudaBackend, CudaTensor};
 use crate::launch::{grid1, launched};
-use crate::CudaBackend;
 
 /// `Backend::random` on the device: kernels/random.cu writes the bytes vt_core::random_bytes does.
-pub(crate) fn random(
-    b: &CudaBackend,
-    dtype: DType,
-    shape: &[usize],
-    seed: u64,
-    scale: f32,
-) -> Result<Tensor<CudaBackend>> {
+pub(crate) fn random(b: &CudaBackend, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<CudaTensor> {
     let numel: usize = shape.iter().product();
     let (kind, n): (i32, usize) = match dtype {
         DType::F32 => (0, numel),

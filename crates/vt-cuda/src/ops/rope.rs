@@ -1,12 +1,12 @@
 //! Rotary position embedding (NeoX) on the device: the inverse frequencies travel by value
 //! (`RopeFreqs`, at most ROPE_MAX_FREQS of them).
 
-use vt_core::{Result, Rope};
+use vt_core::{DType, Result, Rope};
 
+use crate::device::{CudaBackend, CudaTensor};
 use crate::error::check;
-use crate::launch::{grid1, i32_of, Overlapped};
+use crate::launch::{act, grid1, i32_of, Overlapped};
 use crate::limits::{ROPE_MAX_FREQS, SEQ_MAX};
-use crate::CudaBackend;
 
 /// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
 pub(crate) fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROPE_MAX_FREQS], i32)> {
@@ -39,4 +39,23 @@ pub(crate) fn rope_seqs(
     // (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel starts with
     // grid_dep_begin.
     unsafe { l.launch(grid1(seqs * heads * dim), "rope_seqs") }
+}
+
+pub(crate) fn rope(b: &CudaBackend, x: &CudaTensor, start: usize, rope: &Rope) -> Result<CudaTensor> {
+    let (t, heads, dim) = x.dims3("cuda", "rope")?;
+    let (freqs, half) = rope_freqs(rope, dim, "rope")?;
+    let px = act(x, "rope")?;
+    let out = b.empty(DType::BF16, x.shape())?;
+    let po = out.buffer().ptr();
+    let (ti, hi, di, si) = (i32_of(t, "tokens")?, heads as i32, dim as i32, i32_of(start, "position")?);
+    let start_at = b.recording().map(|r| r.pos_at("rope", start)).transpose()?.unwrap_or(0);
+    let mut l = Overlapped::new(b, &b.k().rope);
+    l.arg(&po).arg(&px).arg(&ti).arg(&hi).arg(&di).arg(&si).arg(&start_at).arg(&half);
+    l.arg(&freqs).arg(&rope.attention_scaling);
+    // SAFETY: rope(bf16* out, const bf16* x, int t, int heads, int d, int start, const int*
+    // start_at, int half, RopeFreqs inv (float[128] by value), float scaling): x and out hold t *
+    // heads * d values; start_at is 0 or a recording's position; the kernel starts with
+    // grid_dep_begin.
+    unsafe { l.launch(grid1(x.numel()), "rope")? };
+    Ok(out)
 }

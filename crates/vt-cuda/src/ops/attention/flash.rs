@@ -1,15 +1,15 @@
-//! Flash-style attention for prefill (kernels/flash_attn.cu): kv.rs launches it in place of the
-//! one-warp-per-query kernel when a call brings several queries and the head dimension is one the
-//! kernel is built for. Same arguments, same contract (cache rows before `start`, this call's keys
-//! from k / v); the probabilities are rounded to bf16 for the P V tensor-core product.
+//! Flash-style attention for prefill (kernels/flash_attn.cu): ops/attention launches it in place of
+//! the one-warp-per-query kernel when a call brings several queries and the head dimension is one
+//! the kernel is built for. Same arguments, same contract (cache rows before `start`, this call's
+//! keys from k / v); the probabilities are rounded to bf16 for the P V tensor-core product.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::Result;
 
+use crate::device::CudaBackend;
 use crate::kernels::allow_shared;
 use crate::launch::launched;
 use crate::limits::FA_BN;
-use crate::CudaBackend;
 
 /// Warps per block and 16-row tiles per warp for a head dimension (`FA_KERNEL` in flash_attn.cu).
 fn shape(head_dim: usize) -> (usize, usize) {
@@ -53,7 +53,7 @@ pub(crate) struct Operands {
     pub vc: u64,
 }
 
-/// Shapes as kv.rs checked them: `t` queries from position `start`, `window` 0 for none.
+/// Shapes as the attention op checked them: `t` queries from position `start`, `window` 0 for none.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     b: &CudaBackend,
@@ -104,7 +104,7 @@ pub(crate) fn launch(
     // queries (at least 16 * MI: hpb <= WARPS) and hpb heads of one group (hpb divides q_heads /
     // kv_heads), (16 * MI * WARPS + 2 * 64) * D bf16 of shared memory (allowed above); out/q hold
     // t * q_heads * D values, k/v t * kv_heads * D, and the cache every position before `start` a
-    // query can see (kv.rs reserved it); q_heads % kv_heads == 0.
+    // query can see (the attention op reserved it); q_heads % kv_heads == 0.
     launched(unsafe { l.launch(cfg) }, name)
 }
 

@@ -5,23 +5,21 @@
 //! other shapes take the composed ops.
 
 use cudarc::driver::LaunchConfig;
-use vt_core::{DType, GdnState, GdnStep, Result, Tensor};
+use vt_core::{DType, GdnState, GdnStep, Result};
 
+use crate::device::{CudaBackend, CudaTensor};
+use crate::error::check;
 use crate::launch::{act, i32_of, Overlapped};
 use crate::limits::{CONV_MAX_K, GDN_COLS, GDN_D, SEQ_MAX};
 use crate::weight::float_code;
-use crate::CudaBackend;
 
-/// The fused step when the kernels take these shapes; `None` sends the caller to the composed ops.
-pub(crate) fn step(
-    b: &CudaBackend,
-    s: &GdnStep<'_, CudaBackend>,
-    states: &mut [GdnState<'_, CudaBackend>],
-) -> Result<Option<Tensor<CudaBackend>>> {
+/// Whether the kernels take this step: heads of key and value dim GDN_D, at most CONV_MAX_K conv
+/// taps, every sequence's states of the step's shapes.
+pub(crate) fn fits(s: &GdnStep<'_, CudaBackend>, states: &[GdnState<'_, CudaBackend>]) -> bool {
     let (kh, vh, n) = (s.key_heads, s.value_heads, states.len());
     let channels = (2 * kh + vh) * GDN_D;
     let taps = s.conv.shape().get(1).copied().unwrap_or(0);
-    let fits = s.key_dim == GDN_D
+    s.key_dim == GDN_D
         && s.value_dim == GDN_D
         && kh > 0
         && vh % kh == 0
@@ -38,10 +36,19 @@ pub(crate) fn step(
         && s.a.shape() == [n, vh]
         && s.b.shape() == [n, vh]
         && s.a_log.numel() == vh
-        && s.dt_bias.numel() == vh;
-    if !fits {
-        return Ok(None);
-    }
+        && s.dt_bias.numel() == vh
+}
+
+/// The fused step, for a step and states that `fits` took.
+pub(crate) fn step(
+    b: &CudaBackend,
+    s: &GdnStep<'_, CudaBackend>,
+    states: &mut [GdnState<'_, CudaBackend>],
+) -> Result<CudaTensor> {
+    check(fits(s, states), "gated_delta_step", || "the decode kernels do not take these shapes".into())?;
+    let (kh, vh, n) = (s.key_heads, s.value_heads, states.len());
+    let channels = (2 * kh + vh) * GDN_D;
+    let taps = s.conv.shape()[1];
     let op = "gated_delta_step";
     let (px, pa, pb) = (act(s.qkv, op)?, act(s.a, op)?, act(s.b, op)?);
     let (pw, wdt) = (s.conv.buffer().ptr(), float_code(s.conv, op)?);
@@ -94,5 +101,5 @@ pub(crate) fn step(
         // grid_dep_begin.
         unsafe { l.launch(cfg, "gdn_dec_state")? };
     }
-    Ok(Some(out))
+    Ok(out)
 }

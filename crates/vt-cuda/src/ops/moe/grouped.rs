@@ -1,7 +1,7 @@
 //! The routed-experts block for many tokens (prefill) as grouped tensor-core GEMMs
 //! (kernels/moe_prefill.cu for bf16 experts, kernels/w4a16.cu for NVFP4): router logits through
 //! cuBLASLt in f32, routing and expert-sorted slots on the device, the gate/up and down GEMMs over
-//! the expert table that moe.rs keeps in the `MoeExperts`' resident slot, and the combine. Nothing
+//! the expert table (table.rs) kept in the `MoeExperts`' resident slot, and the combine. Nothing
 //! waits for the host: the number of tiles is only known on the device, so the grids cover the
 //! most tiles any routing can need and the spare blocks return at once.
 //!
@@ -10,15 +10,17 @@
 
 use cudarc::cublaslt::sys::cudaDataType_t;
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
-use vt_core::{DType, MoeExperts, Result, Router, Tensor, Weight};
+use vt_core::{DType, MoeExperts, Result, Router, Weight};
 
+use super::routing::RouteArgs;
+use super::table::build_table;
+
+use crate::device::{CudaBackend, CudaTensor};
 use crate::error::driver_err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, grid1, i32_of, launched};
 use crate::limits::{MP_BK, MP_BM, MP_BN, MP_STAGES, MP_THREADS, ROUTE_MAX_EXP, ROUTE_MAX_K};
-use crate::moe::{build_table, RouteArgs};
 use crate::w4a16;
-use crate::CudaBackend;
 
 /// Dynamic shared memory of the bf16 GEMMs: MP_STAGES stages of an A and a B tile.
 const GEMM_SHARED: usize = MP_STAGES * (MP_BM + MP_BN) * MP_BK * 2;
@@ -40,7 +42,7 @@ fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
 
 /// Whether this layer and batch take the grouped path: several tokens, a bf16 router, experts all
 /// bf16 or all NVFP4, and shapes the kernels and cuBLASLt take (16-byte rows, at most 512 experts).
-pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
+pub(crate) fn fits(x: &CudaTensor, router: &Router<CudaBackend>, experts: &MoeExperts<CudaBackend>) -> bool {
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     x.rows() > 1
         && tile_bound(x.rows() * router.kind.top_k(), n_exp, MP_BM.min(w4a16::MOE_TILE_ROWS)) <= 65535
@@ -57,10 +59,10 @@ pub(crate) fn fits(x: &Tensor<CudaBackend>, router: &Router<CudaBackend>, expert
 
 pub(crate) fn moe(
     b: &CudaBackend,
-    x: &Tensor<CudaBackend>,
+    x: &CudaTensor,
     router: &Router<CudaBackend>,
     experts: &MoeExperts<CudaBackend>,
-) -> Result<Tensor<CudaBackend>> {
+) -> Result<CudaTensor> {
     let op = "moe";
     let (h, inter, n_exp, top_k) = (experts.hidden, experts.intermediate, experts.experts.len(), router.kind.top_k());
     let (t, px) = (x.rows(), act(x, op)?);
@@ -156,7 +158,7 @@ pub(crate) fn moe(
     // SAFETY: moe_gemm_gate_up / moe_w4_gate_up(bf16* act, const bf16* x, const int* sorted_tok,
     // const WeightDesc* table, const int* tiles, const int* n_tiles, const int* counts, const int*
     // offsets, int inter, int hidden), block size and shared memory as each kernel wants (allowed
-    // above): each expert's gate and up are [inter, h] bf16 matrices (moe.rs's table), or NVFP4
+    // above): each expert's gate and up are [inter, h] bf16 matrices (table.rs), or NVFP4
     // repacked as one [2 * inter, h] to the w4 kernels' tiles (fits, and the table picked with the
     // kernels); h and inter are multiples of 8 (16-byte rows); every tile's rows lie in its
     // expert's range of the slots rows of act [slots, inter]; sorted_tok < t rows of x.

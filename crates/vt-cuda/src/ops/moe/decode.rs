@@ -1,23 +1,26 @@
 //! The whole MoE block for the few tokens of a decode step (kernels/moe_decode.cu), in four
-//! launches and no host synchronisation: router and shared-expert-gate logits (gemv.rs, as f32);
-//! routing on the device; the fused SwiGLU of each chosen expert and the shared expert; down
-//! projections with the weighted combine, each launch overlapping the previous kernel's end
+//! launches and no host synchronisation: router and shared-expert-gate logits (ops/linear/gemv.rs,
+//! as f32); routing on the device; the fused SwiGLU of each chosen expert and the shared expert;
+//! down projections with the weighted combine, each launch overlapping the previous kernel's end
 //! (launch.rs: before they wait, the logits kernel reads router weights and the shared expert's
 //! gate/up blocks theirs; the others read nothing). Experts are read through the `MoeExperts`'
-//! resident expert table (moe.rs), the shared expert through its own weights.
+//! resident expert table (table.rs), the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
-use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Tensor, Weight};
+use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Weight};
 
-use crate::gemv;
+use super::routing::RouteArgs;
+use super::table::build_table;
+
+use crate::device::{CudaBackend, CudaTensor};
+use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
 use crate::limits::{
-    GEMV_MAX_T, MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_NVFP4, ROUTE_MAX_EXP, ROUTE_MAX_K,
+    MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_NVFP4, ROUTE_MAX_EXP, ROUTE_MAX_K,
 };
-use crate::moe::{build_table, RouteArgs};
+use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
-use crate::CudaBackend;
 
 /// The down kernel's static shared memory: a `WeightDesc` and a multiplier per slot of
 /// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/moe_decode.cu).
@@ -61,16 +64,17 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     fp4
 }
 
-/// The fused block when the kernels take it (t <= MOE_DEC_MAX_T, bf16 router, one expert format, a
+/// Whether the fused kernels take this call, and then the experts' format (`true`: NVFP4): t <=
+/// MOE_DEC_MAX_T tokens whose logits the GEMV kernels take, a bf16 router, one expert format, a
 /// shared expert of the routed experts' width, a token's activations within the device's shared
-/// memory per block); `None` sends the caller to the composed ops.
-pub(crate) fn moe_block(
+/// memory per block.
+fn nvfp4_if_fits(
     b: &CudaBackend,
-    x: &Tensor<CudaBackend>,
+    x: &CudaTensor,
     router: &Router<CudaBackend>,
     experts: &MoeExperts<CudaBackend>,
     shared: Option<&SharedExpert<'_, CudaBackend>>,
-) -> Result<Option<Tensor<CudaBackend>>> {
+) -> Option<bool> {
     let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
     let top_k = router.kind.top_k();
     let bf16_vec = |w: &Weight<CudaBackend>, n: usize| {
@@ -82,17 +86,44 @@ pub(crate) fn moe_block(
             && s.down.weight.dims() == (h, inter)
             && s.gate_proj.is_none_or(|g| bf16_vec(&g.weight, 1))
     });
+    let logits: Vec<_> =
+        std::iter::once(&router.weight.weight).chain(shared.and_then(|s| s.gate_proj).map(|g| &g.weight)).collect();
     let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MOE_DEC_MAX_T).contains(&t)
-        && (t <= GEMV_MAX_T || h % 32 == 0)
         && x.last_dim() == h
         && n_exp <= ROUTE_MAX_EXP
         && (1..=ROUTE_MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
         && shared_fits
+        && gemv::fits(b, t, &logits)
         && staged_fits(top_k + shared.is_some() as usize, inter, b.k().max_shared);
-    let Some(fp4) = fits.then(|| format(&mut routed.chain(shared_ws))).flatten() else { return Ok(None) };
+    fits.then(|| format(&mut routed.chain(shared_ws))).flatten()
+}
+
+/// Whether the fused kernels take this call.
+pub(crate) fn fits(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    router: &Router<CudaBackend>,
+    experts: &MoeExperts<CudaBackend>,
+    shared: Option<&SharedExpert<'_, CudaBackend>>,
+) -> bool {
+    nvfp4_if_fits(b, x, router, experts, shared).is_some()
+}
+
+/// The fused block, for a call that `fits` took.
+pub(crate) fn moe_block(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    router: &Router<CudaBackend>,
+    experts: &MoeExperts<CudaBackend>,
+    shared: Option<&SharedExpert<'_, CudaBackend>>,
+) -> Result<CudaTensor> {
+    let fp4 = nvfp4_if_fits(b, x, router, experts, shared)
+        .ok_or_else(|| err("moe_block: the fused decode kernels do not take this call"))?;
+    let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
+    let top_k = router.kind.top_k();
     let px = act(x, "moe_block")?;
     let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
 
@@ -127,9 +158,7 @@ pub(crate) fn moe_block(
     let hi = i32_of(h, "hidden")?;
 
     let gate_w = shared.and_then(|s| s.gate_proj).map(|g| &g.weight);
-    if !gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)? {
-        return Err(crate::error::err("moe_block: the GEMV kernel declined the router's logits"));
-    }
+    gemv::logits(b, px, t, &router.weight.weight, gate_w, p_logits, n_exp + 1)?;
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
@@ -176,7 +205,7 @@ pub(crate) fn moe_block(
     // multipliers; act holds t * slots * inter floats; out t * h values (h a multiple of 4 for
     // NVFP4: its gate/up rows are whole 32-code chunks).
     unsafe { l.launch(cfg, "moe_dec_down")? };
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// The C struct's layout is this one's, and the down kernel's static shared memory is

@@ -7,10 +7,10 @@
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use vt_core::Result;
 
+use crate::device::CudaBackend;
 use crate::kernels::allow_shared;
 use crate::launch::{i32_of, Overlapped};
 use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D, SEQ_MAX};
-use crate::CudaBackend;
 
 /// The shortest split (positions).
 const SPLIT: usize = 64;
@@ -87,15 +87,15 @@ pub(crate) fn launch(
         .arg(&sp);
     let cfg = split_kernel.config(splits, head_blocks, 1);
     // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, kc, vc, int q_heads,
-    // int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
-    // int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H)) of 128
-    // threads with the kernel's dynamic shared memory (allowed by SplitKernel::of), splits of
-    // `split` (a multiple of 64) positions covering the `visible` ones, and every query head
-    // (q_heads % kv_heads == 0, kv.rs checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
+    // int kv_heads, int d, int start, const int* start_at, int window, float scale, int split, int
+    // splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H)) of 128 threads
+    // with the kernel's dynamic shared memory (allowed by SplitKernel::of), splits of `split` (a
+    // multiple of 64) positions covering the `visible` ones, and every query head (q_heads %
+    // kv_heads == 0, the attention op checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
     // d], k/v [1, kv_heads, d]; the cache holds every earlier visible position and has a row
-    // reserved for `start`, which the kernel writes (kv.rs reserved it); part holds q_heads *
-    // splits * (d + 2) floats; start_at is 0 or a recording's position. The kernel starts with
-    // grid_dep_begin.
+    // reserved for `start`, which the kernel writes (the attention op reserved it); part holds
+    // q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position. The kernel starts
+    // with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
     combine(b, o.out, pp, q_heads, d, splits)
 }
@@ -138,11 +138,11 @@ pub(crate) fn launch_seqs(
     // SeqPtrs vc, SeqInts start, int q_heads, int kv_heads, int d, int window, float scale, int
     // split, int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H),
     // seqs <= SEQ_MAX) of 128 threads with the kernel's dynamic shared memory (allowed by
-    // SplitKernel::of), each cache's row for its start written by the kernel, the splits
-    // covering every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d];
-    // cache i (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and
-    // room for start i (kv.rs reserved it); part holds seqs * q_heads * splits * (d + 2) floats;
-    // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (kv.rs and fits checked). The kernel starts
+    // SplitKernel::of), each cache's row for its start written by the kernel, the splits covering
+    // every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d]; cache i
+    // (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and room for
+    // start i (the attention op reserved it); part holds seqs * q_heads * splits * (d + 2) floats;
+    // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (the op and fits checked). The kernel starts
     // with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
     // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to
