@@ -33,6 +33,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 import transformers  # noqa: E402
 import nvfp4  # noqa: E402  (tools/oracle/nvfp4.py)
+import fp8  # noqa: E402  (tools/oracle/fp8.py)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 hf_logging.set_verbosity_error()
@@ -583,6 +584,91 @@ def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# FP8 (block-scaled e4m3, transformers' FineGrainedFP8 format as Qwen publishes it)
+# --------------------------------------------------------------------------------------------
+
+def qwen35moe_fp8(d, seed=51):
+    """Qwen's FP8 layout: every linear but lm_head, the router, the shared-expert gate and GDN's
+    in_proj_a/b in e4m3 with [32, 32] block scales. The experts' intermediate size 48 gives partial
+    blocks in both dimensions (gate/up rows, down inputs); hidden 64 and the attention widths whole ones.
+    The reference is transformers (f32) on transformers' own dequantization of the stored values."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    t0 = time.time()
+    block = (32, 32)
+    layer_types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=4, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=48,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        eos_token_id=255,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    # Qwen's lists name every module in full; a suffix and a regex entry exercise transformers' other rules.
+    skip = ["lm_head", "model.embed_tokens", "mlp.shared_expert_gate", r"model\.layers\.\d+\.mlp\.gate"]
+    skip += [f"model.layers.{i}.linear_attn.in_proj_{x}" for i, t in enumerate(layer_types) if t == "linear_attention"
+             for x in "ab"]
+    vocab = model.config.vocab_size
+    model.to(torch.bfloat16)
+    model.save_pretrained(d)  # per-expert names, as Qwen's FP8 checkpoints store experts
+    del model
+    tensors = {k: v for k, (v, _) in read_all(d).items()}
+    q, dense, partial = fp8.quantize_tensors(tensors, skip, block)
+    modules = sorted(dense)
+    assert any(".experts." in m for m in partial) and any(m.endswith("down_proj") for m in partial), partial
+
+    f32_dir = d + ".f32.tmp"
+    shutil.rmtree(f32_dir, ignore_errors=True)
+    shutil.copytree(d, f32_dir)
+    write_single(f32_dir, {**tensors, **{f"{m}.weight": w for m, w in dense.items()}})
+    ref_model, info = Qwen3_5MoeForCausalLM.from_pretrained(f32_dir, dtype=torch.float32, attn_implementation="eager",
+                                                            output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(k), (k, info[k])
+    ref_model.eval()
+    shutil.rmtree(f32_dir)
+
+    write_single(d, q)
+    edit_config(d, lambda c: c.__setitem__("quantization_config", fp8.config(skip, block)))
+    out = finish(d, ref_model, vocab, T=64, N=12, seed=seed, layer_info=layer_list(layer_types), started=t0)
+    hf_note = check_hf_fp8_load(d, ref_model, dense, partial)
+    out["fp8"] = {
+        "weight_block_size": list(block),
+        "quantized_modules": len(modules),
+        "modules_with_partial_blocks": len(partial),
+        "reference": "transformers f32 on _dequantize_fp8_weight of the stored e4m3 values and f32 scales",
+        "transformers_fp8_load_on_cpu": hf_note,
+    }
+    write_json(os.path.join(d, "info.json"), out)
+    print(f"[{os.path.basename(d)}] {len(modules)} FP8 modules ({len(partial)} with partial blocks); "
+          f"transformers' own load: {hf_note}")
+    return out
+
+
+def check_hf_fp8_load(d, ref_model, dense, partial):
+    """transformers' own load of the FP8 checkpoint on CPU: with no GPU the FineGrainedFP8 quantizer switches to
+    `dequantize=True` and `Fp8Dequantize` expands each weight in float32. It derives the block size from the
+    scale grid (rows // scale_rows), which is right only when every dimension is a multiple of the block: the
+    whole-block modules must come back equal to the reference's, the partial-block ones differ."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    ref_sd, hf_sd = ref_model.state_dict(), hf.state_dict()
+    assert set(ref_sd) == set(hf_sd), sorted(set(ref_sd) ^ set(hf_sd))
+    differ = sorted(k for k in ref_sd if not torch.equal(ref_sd[k], hf_sd[k]))
+    partial_keys = {k for k in differ if any(k.startswith(m.split(".experts.")[0] + ".experts.") or k.startswith(m + ".")
+                                             for m in partial)}
+    assert set(differ) == partial_keys, f"differences outside partial-block modules: {sorted(set(differ) - partial_keys)}"
+    return (f"dequantizes on CPU in f32; equal to the reference except the {len(differ)} tensors with partial blocks "
+            "(Fp8Dequantize takes block = dim / scale-grid dim there)")
+
+
 def check_hf_compressed_tensors_load(model_cls, d, ref_model, ct, dense):
     """Cross-check against transformers' own compressed-tensors load of the checkpoint. Dense modules come
     back as the reference's weights rounded to bf16 (compressed-tensors' decompress rounds). Routed experts
@@ -690,6 +776,7 @@ FIXTURES = {
     "qwen3moe": qwen3moe,
     "qwen35moe_nvfp4": qwen35moe_nvfp4,
     "laguna_nvfp4": laguna_nvfp4,
+    "qwen35moe_fp8": qwen35moe_fp8,
 }
 
 

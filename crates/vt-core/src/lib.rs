@@ -7,6 +7,7 @@ pub mod dtype;
 pub mod error;
 #[cfg(feature = "mutation-address-keyed-cache")]
 mod mutation;
+pub mod quant;
 pub mod random;
 pub mod resident;
 pub mod tensor;
@@ -18,6 +19,7 @@ pub use backend::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use quant::{Fp8Block, Nvfp4, Quantized, NVFP4_GROUP};
 pub use resident::ResidentSlot;
 pub use tensor::Tensor;
-pub use weights::{Expert, Linear, MoeExperts, Nvfp4, Router, RouterKind, Weight, NVFP4_GROUP};
+pub use weights::{Expert, Linear, MoeExperts, Router, RouterKind, Weight};

@@ -4,93 +4,78 @@
 //! pointers) owns a `ResidentSlot<B>`; see `resident.rs` and docs/lifetime.md.
 
 use crate::backend::Device;
+use crate::quant::{self, Fp8Block, Nvfp4, Quantized};
 use crate::resident::ResidentSlot;
 use crate::tensor::Tensor;
 use crate::{DType, Error, Result};
-
-/// NVFP4 weight `[n, k]`: e2m1 codes, one fp8 e4m3 scale per 16 inputs, one f32 multiplier.
-/// `W[i, j] = e2m1(codes[i, j]) * f8(scales[i, j / 16]) * global_scale`.
-pub struct Nvfp4<B: Device> {
-    /// `F4x2`, logical shape `[n, k]` (bytes `[n, k / 2]`, even element in the low nibble).
-    pub codes: Tensor<B>,
-    /// `F8E4M3`, shape `[n, k / 16]`.
-    pub scales: Tensor<B>,
-    /// Per-tensor multiplier (compressed-tensors' global scale is its reciprocal).
-    pub global_scale: f32,
-}
-
-pub const NVFP4_GROUP: usize = 16;
 
 /// A matrix `[out, in]` in its stored form.
 pub enum Weight<B: Device> {
     /// bf16, f16 or f32 `[out, in]`.
     Dense(Tensor<B>),
     Nvfp4(Nvfp4<B>),
+    Fp8(Fp8Block<B>),
+}
+
+/// A weight as format-independent code sees it.
+enum Form<'a, B: Device> {
+    Dense(&'a Tensor<B>),
+    Quantized(&'a dyn Quantized<B>),
 }
 
 impl<B: Device> Weight<B> {
+    /// Each format is registered here once.
+    fn form(&self) -> Form<'_, B> {
+        match self {
+            Weight::Dense(t) => Form::Dense(t),
+            Weight::Nvfp4(q) => Form::Quantized(q),
+            Weight::Fp8(q) => Form::Quantized(q),
+        }
+    }
+
+    /// The quantized form, `None` for a dense weight.
+    pub fn quantized(&self) -> Option<&dyn Quantized<B>> {
+        match self.form() {
+            Form::Dense(_) => None,
+            Form::Quantized(q) => Some(q),
+        }
+    }
+
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
-        let shape = match self {
-            Weight::Dense(t) => t.shape(),
-            Weight::Nvfp4(q) => q.codes.shape(),
-        };
-        (shape[0], shape[1])
+        match self.form() {
+            Form::Dense(t) => (t.shape()[0], t.shape()[1]),
+            Form::Quantized(q) => q.dims(),
+        }
     }
 
-    /// The buffer the weight's values live in (the codes for NVFP4): what a slot is keyed to.
+    /// The buffer the weight's values live in (a quantized weight's codes): what a slot is keyed to.
     pub fn storage_addr(&self, backend: &B) -> usize {
-        match self {
-            Weight::Dense(t) => backend.buffer_addr(t.buffer()),
-            Weight::Nvfp4(q) => backend.buffer_addr(q.codes.buffer()),
-        }
+        let values = match self.form() {
+            Form::Dense(t) => t,
+            Form::Quantized(q) => q.values(),
+        };
+        backend.buffer_addr(values.buffer())
     }
 
-    /// Bytes resident for this weight (codes + scales for NVFP4).
+    /// Bytes resident for this weight (values and scales for a quantized one).
     pub fn resident_bytes(&self) -> usize {
-        let bytes = |t: &Tensor<B>| t.dtype().bytes_for(t.numel()).unwrap_or(0);
-        match self {
-            Weight::Dense(t) => bytes(t),
-            Weight::Nvfp4(q) => bytes(&q.codes) + bytes(&q.scales) + std::mem::size_of::<f32>(),
+        match self.form() {
+            Form::Dense(t) => quant::bytes(t),
+            Form::Quantized(q) => q.resident_bytes(),
         }
     }
 
-    /// Checks a 2-D matrix and, for NVFP4, the code/scale agreement; `name` is for the error.
+    /// Checks a 2-D matrix, and a quantized weight's parts against each other; `name` is for the
+    /// error.
     pub fn validate(&self, name: &str) -> Result<()> {
-        match self {
-            Weight::Dense(t) => {
-                if t.shape().len() != 2 || !t.dtype().is_float() || t.dtype() == DType::F8E4M3 {
-                    return Err(Error::tensor(
-                        name,
-                        format!("expected a 2-D bf16/f16/f32 matrix, found {} {:?}", t.dtype(), t.shape()),
-                    ));
-                }
-            }
-            Weight::Nvfp4(q) => {
-                let (n, k) = (q.codes.shape()[0], q.codes.shape()[1]);
-                if k % NVFP4_GROUP != 0 {
-                    return Err(Error::tensor(
-                        name,
-                        format!("NVFP4 input size {k} is not a multiple of {NVFP4_GROUP}"),
-                    ));
-                }
-                if q.scales.shape() != [n, k / NVFP4_GROUP] || q.scales.dtype() != DType::F8E4M3 {
-                    return Err(Error::tensor(
-                        name,
-                        format!(
-                            "NVFP4 scales must be F8_E4M3 [{n}, {}], found {} {:?}",
-                            k / NVFP4_GROUP,
-                            q.scales.dtype(),
-                            q.scales.shape()
-                        ),
-                    ));
-                }
-                if !q.global_scale.is_finite() {
-                    return Err(Error::tensor(name, format!("NVFP4 global scale {} is not finite", q.global_scale)));
-                }
-            }
+        match self.form() {
+            Form::Quantized(q) => q.validate(name),
+            Form::Dense(t) if t.shape().len() != 2 || !t.dtype().is_float() || t.dtype() == DType::F8E4M3 => Err(
+                Error::tensor(name, format!("expected a 2-D bf16/f16/f32 matrix, found {} {:?}", t.dtype(), t.shape())),
+            ),
+            Form::Dense(_) => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -102,7 +87,7 @@ pub struct Linear<B: Device> {
 
 impl<B: Device> Linear<B> {
     /// Validates the weight first (`Weight::validate`): kernels read codes and scales as the
-    /// shapes say, so a malformed NVFP4 weight would send them past its scales.
+    /// shapes say, so a malformed quantized weight would send them past its scales.
     pub fn new(backend: &B, weight: Weight<B>) -> Result<Self> {
         weight.validate("linear weight")?;
         let resident = ResidentSlot::new(backend, weight.storage_addr(backend));

@@ -51,6 +51,9 @@ impl WeightDesc {
                 kind: DT_NVFP4,
                 k,
             },
+            Weight::Fp8(_) => {
+                return Err(Error::backend("cuda", format!("{op}: FP8 weights have no CUDA kernels yet")));
+            }
         })
     }
 }

@@ -35,7 +35,7 @@ pub struct Loader<'a, B: Backend> {
     pub backend: &'a B,
     /// Prefix of the decoder's tensors, e.g. `model.language_model.`.
     pub prefix: String,
-    /// The NVFP4 config, when the checkpoint has one.
+    /// The quantization config, when the checkpoint has one.
     quant: Option<QuantConfig>,
     /// Told `(bytes read, bytes to read)` after every tensor.
     progress: &'a dyn Fn(u64, u64),
@@ -117,33 +117,30 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// Copies stored bytes to the backend and reports progress.
-    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<B>> {
+    pub(crate) fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<B>> {
         let t = self.backend.upload(dtype, shape, bytes)?;
         self.count_read(bytes.len());
         Ok(t)
     }
 
-    fn count_read(&self, bytes: usize) {
+    pub(crate) fn count_read(&self, bytes: usize) {
         self.bytes_read.set(self.bytes_read.get() + bytes as u64);
         (self.progress)(self.bytes_read.get(), self.total);
     }
 
-    /// The matrix `[out, in]` of module `base` in its stored form: NVFP4 (either encoding) or dense.
+    /// The matrix `[out, in]` of module `base` in its stored form: quantized as the checkpoint's
+    /// config says, or dense.
     pub fn weight(&self, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         if let Some(d) = &self.dummy {
             return self.dummy_weight(d, base, out, inp);
         }
-        let w = match &self.quant {
-            Some(q) if q.is_nvfp4(base, q.stored_nvfp4(&self.ckpt.tensors, base))? => {
-                let parts = q.read(&self.ckpt.tensors, base, out, inp)?;
-                self.count_read(parts.global_bytes);
-                Weight::Nvfp4(Nvfp4 {
-                    codes: self.upload(DType::F4x2, &[out, inp], parts.codes.bytes)?,
-                    scales: self.upload(DType::F8E4M3, &[out, inp / NVFP4_GROUP], parts.scales.bytes)?,
-                    global_scale: parts.global_scale,
-                })
-            }
-            _ => Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?),
+        let quantized = match &self.quant {
+            Some(q) => q.weight(self, base, out, inp)?,
+            None => None,
+        };
+        let w = match quantized {
+            Some(w) => w,
+            None => Weight::Dense(self.float(&format!("{base}.weight"), &[out, inp])?),
         };
         w.validate(base)?;
         Ok(w)

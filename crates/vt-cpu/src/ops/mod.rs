@@ -6,6 +6,7 @@ pub mod gdn;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod rows;
 #[cfg(test)]

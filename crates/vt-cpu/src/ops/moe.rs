@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use vt_core::{DType, Error, MoeExperts, Result, Router, RouterKind, Weight};
+use vt_core::{MoeExperts, Result, Router, RouterKind};
 
 use super::matmul::matmul;
 use super::norm::{sigmoid, silu};
@@ -20,25 +20,9 @@ use crate::CpuBackend;
 
 /// Gate and up of one expert as one `[2 * intermediate, hidden]` matrix, rows interleaved.
 struct FusedGateUp {
-    codes: CpuBuffer,
-    scales: Option<CpuBuffer>,
-    dtype: DType,
-    global: [f32; 2],
-    k: usize,
-}
-
-impl FusedGateUp {
-    fn source(&self) -> RowSource {
-        match &self.scales {
-            None => RowSource::Dense { ptr: self.codes.bytes().as_ptr(), dtype: self.dtype, k: self.k },
-            Some(s) => RowSource::Nvfp4 {
-                codes: self.codes.bytes().as_ptr(),
-                scales: s.bytes().as_ptr(),
-                global: self.global,
-                k: self.k,
-            },
-        }
-    }
+    /// What `rows` points into.
+    _buffers: Vec<CpuBuffer>,
+    rows: RowSource,
 }
 
 pub struct CpuExpertTable {
@@ -48,52 +32,15 @@ pub struct CpuExpertTable {
     down: Vec<RowSource>,
 }
 
-/// Interleaves the rows of `a` and `b` (each `rows` rows of `row_bytes`) into a new buffer.
-fn interleave(alloc: &Arc<Allocator>, a: &[u8], b: &[u8], row_bytes: usize) -> Result<CpuBuffer> {
-    let mut buf = CpuBuffer::new(alloc, a.len() + b.len())?;
-    for (i, (ra, rb)) in a.chunks_exact(row_bytes).zip(b.chunks_exact(row_bytes)).enumerate() {
-        let dst = &mut buf.bytes_mut()[2 * i * row_bytes..(2 * i + 2) * row_bytes];
-        dst[..row_bytes].copy_from_slice(ra);
-        dst[row_bytes..].copy_from_slice(rb);
-    }
-    Ok(buf)
-}
-
-fn fuse(alloc: &Arc<Allocator>, gate: &Weight<CpuBackend>, up: &Weight<CpuBackend>, what: &str) -> Result<FusedGateUp> {
-    let k = gate.dims().1;
-    match (gate, up) {
-        (Weight::Dense(g), Weight::Dense(u)) if g.dtype() == u.dtype() => {
-            let row = g.dtype().bytes_for(k).expect("validated");
-            Ok(FusedGateUp {
-                codes: interleave(alloc, g.buffer().bytes(), u.buffer().bytes(), row)?,
-                scales: None,
-                dtype: g.dtype(),
-                global: [1.0; 2],
-                k,
-            })
-        }
-        (Weight::Nvfp4(g), Weight::Nvfp4(u)) => Ok(FusedGateUp {
-            codes: interleave(alloc, g.codes.buffer().bytes(), u.codes.buffer().bytes(), k / 2)?,
-            scales: Some(interleave(
-                alloc,
-                g.scales.buffer().bytes(),
-                u.scales.buffer().bytes(),
-                k / vt_core::NVFP4_GROUP,
-            )?),
-            dtype: DType::F4x2,
-            global: [g.global_scale, u.global_scale],
-            k,
-        }),
-        _ => Err(Error::tensor(what, "gate and up projections must share one storage format")),
-    }
-}
-
 pub fn build_table(alloc: &Arc<Allocator>, experts: &MoeExperts<CpuBackend>) -> Result<CpuExpertTable> {
     let gate_up = experts
         .experts
         .iter()
         .enumerate()
-        .map(|(e, ex)| fuse(alloc, &ex.gate, &ex.up, &format!("expert {e}")))
+        .map(|(e, ex)| {
+            let (buffers, rows) = RowSource::pair(alloc, &ex.gate, &ex.up, &format!("expert {e}"))?;
+            Ok(FusedGateUp { _buffers: buffers, rows })
+        })
         .collect::<Result<Vec<_>>>()?;
     let down = experts.experts.iter().map(|ex| RowSource::of(&ex.down)).collect();
     Ok(CpuExpertTable { gate_up, down })
@@ -171,7 +118,7 @@ pub fn moe(
             let m = toks.len();
             let xs: Vec<f32> = toks.iter().flat_map(|&(i, _)| x[i * h..(i + 1) * h].iter().copied()).collect();
             // SAFETY: the fused buffer is owned by `table`, alive for this call, `2 * inter` rows.
-            let gu = unsafe { matmul(&xs, m, h, table.gate_up[e].source(), 2 * inter) };
+            let gu = unsafe { matmul(&xs, m, h, table.gate_up[e].rows, 2 * inter) };
             let act: Vec<f32> = gu.chunks_exact(2).map(|p| silu(p[0]) * p[1]).collect();
             // SAFETY: `down[e]` points into expert e's down projection, which the `MoeExperts`
             // that owns this table keeps alive; it has `h` rows of `inter` inputs.

@@ -1,33 +1,28 @@
 //! Dot products of one weight row with token vectors: the inner loop of every CPU matmul.
 //!
 //! Weights stay in their stored form. A dense row is decoded into a scratch buffer while it is
-//! used; an NVFP4 row is decoded one 16-element block at a time inside the dot product:
-//! `e2m1(code) * f8(scale) * global`.
+//! used; a quantized row as its format (quant/) decodes it.
 
-use vt_core::dtype::{decode_into, e2m1_to_f32, f8e4m3_to_f32};
-use vt_core::{DType, Weight, NVFP4_GROUP};
+use std::sync::Arc;
 
+use vt_core::dtype::decode_into;
+use vt_core::{DType, Error, Result, Weight};
+
+use super::quant::{fp8, interleave, nvfp4};
+use crate::alloc::{Allocator, CpuBuffer};
 use crate::CpuBackend;
 
-/// Where the rows of one `[n, k]` matrix live, as raw addresses (see `moe.rs` for why raw).
+/// Where the rows of one `[n, k]` matrix live, as raw addresses (see `moe.rs` for why raw). Each
+/// quantized format is registered here: a variant, and an arm in `of`, `pair` and `dot_row`.
 #[derive(Clone, Copy, Debug)]
 pub enum RowSource {
-    Dense {
-        ptr: *const u8,
-        dtype: DType,
-        k: usize,
-    },
-    /// `global[row % 2]` scales a row: fused gate/up pairs keep each half's own multiplier.
-    Nvfp4 {
-        codes: *const u8,
-        scales: *const u8,
-        global: [f32; 2],
-        k: usize,
-    },
+    Dense { ptr: *const u8, dtype: DType, k: usize },
+    Nvfp4(nvfp4::Rows),
+    Fp8(fp8::Rows),
 }
 
 // SAFETY: a RowSource is only a description of read-only memory; whoever dereferences it
-// (`decode_row`) must guarantee that memory is alive. Sending the description is harmless.
+// (`dot_row`) must guarantee that memory is alive. Sending the description is harmless.
 unsafe impl Send for RowSource {}
 // SAFETY: as above.
 unsafe impl Sync for RowSource {}
@@ -38,33 +33,47 @@ impl RowSource {
             Weight::Dense(t) => {
                 RowSource::Dense { ptr: t.buffer().bytes().as_ptr(), dtype: t.dtype(), k: t.shape()[1] }
             }
-            Weight::Nvfp4(q) => RowSource::Nvfp4 {
-                codes: q.codes.buffer().bytes().as_ptr(),
-                scales: q.scales.buffer().bytes().as_ptr(),
-                global: [q.global_scale; 2],
-                k: q.codes.shape()[1],
-            },
+            Weight::Nvfp4(q) => RowSource::Nvfp4(nvfp4::Rows::of(q)),
+            Weight::Fp8(q) => RowSource::Fp8(fp8::Rows::of(q)),
         }
     }
 
-    /// Bytes one row occupies in (codes, scales).
-    fn row_bytes(&self) -> (usize, usize) {
-        match *self {
-            RowSource::Dense { dtype, k, .. } => (dtype.bytes_for(k).expect("validated dtype"), 0),
-            RowSource::Nvfp4 { k, .. } => (k / 2, k / NVFP4_GROUP),
+    /// `a` and `b` (same shape, same format) as one matrix, row i of each at rows 2i, 2i + 1 (an
+    /// expert's gate and up, so that one pass over the input yields both halves of each SwiGLU
+    /// unit); the rows point into the returned buffers. `what` names the pair in errors.
+    pub fn pair(
+        alloc: &Arc<Allocator>,
+        a: &Weight<CpuBackend>,
+        b: &Weight<CpuBackend>,
+        what: &str,
+    ) -> Result<(Vec<CpuBuffer>, RowSource)> {
+        match (a, b) {
+            (Weight::Dense(x), Weight::Dense(y)) if x.dtype() == y.dtype() => {
+                let k = x.shape()[1];
+                let row = x.dtype().bytes_for(k).expect("validated");
+                let buf = interleave(alloc, x.buffer().bytes(), y.buffer().bytes(), row)?;
+                let rows = RowSource::Dense { ptr: buf.bytes().as_ptr(), dtype: x.dtype(), k };
+                Ok((vec![buf], rows))
+            }
+            (Weight::Nvfp4(x), Weight::Nvfp4(y)) => {
+                nvfp4::Rows::pair(alloc, x, y).map(|(b, r)| (b, RowSource::Nvfp4(r)))
+            }
+            (Weight::Fp8(x), Weight::Fp8(y)) if x.block == y.block => {
+                fp8::Rows::pair(alloc, x, y).map(|(b, r)| (b, RowSource::Fp8(r)))
+            }
+            _ => Err(Error::tensor(what, "gate and up projections must share one storage format")),
         }
     }
 
-    /// `out[i] = dot(row, x[i])` for the `out.len()` token vectors of `x` (`k` floats each).
-    /// Dense rows are decoded once into `scratch` (`k` floats); NVFP4 rows are decoded one block
-    /// of 16 at a time inside the dot product, never as a whole row.
+    /// `out[i] = dot(row, x[i])` for the `out.len()` token vectors of `x` (`k` floats each), with
+    /// `scratch` (`k` floats) for a decoded row.
     ///
     /// # Safety
     /// The memory described must be alive and hold at least `row + 1` rows.
     pub unsafe fn dot_row(&self, row: usize, x: &[f32], scratch: &mut [f32], out: &mut [f32]) {
-        let (rb, sb) = self.row_bytes();
         match *self {
             RowSource::Dense { ptr, dtype, k } => {
+                let rb = dtype.bytes_for(k).expect("validated dtype");
                 // SAFETY: the caller guarantees `row + 1` rows of `rb` bytes are alive at `ptr`.
                 let bytes = unsafe { std::slice::from_raw_parts(ptr.add(row * rb), rb) };
                 decode_into(dtype, bytes, &mut scratch[..k]);
@@ -72,32 +81,10 @@ impl RowSource {
                     *o = dot(xi, &scratch[..k]);
                 }
             }
-            RowSource::Nvfp4 { codes, scales, global, k } => {
-                // SAFETY: as above, for the codes (`k/2` bytes a row) and scales (`k/16` a row).
-                let (c, s) = unsafe {
-                    (
-                        std::slice::from_raw_parts(codes.add(row * rb), rb),
-                        std::slice::from_raw_parts(scales.add(row * sb), sb),
-                    )
-                };
-                out.fill(0.0);
-                let mut block = [0.0f32; NVFP4_GROUP];
-                for (b, (code_block, &scale)) in c.chunks_exact(NVFP4_GROUP / 2).zip(s).enumerate() {
-                    decode_nvfp4_block(code_block, f8e4m3_to_f32(scale) * global[row % 2], &mut block);
-                    for (o, xi) in out.iter_mut().zip(x.chunks_exact(k)) {
-                        *o += dot(&xi[b * NVFP4_GROUP..(b + 1) * NVFP4_GROUP], &block);
-                    }
-                }
-            }
+            // SAFETY (both): the caller's guarantee, passed on.
+            RowSource::Nvfp4(r) => unsafe { r.dot_row(row, x, out) },
+            RowSource::Fp8(r) => unsafe { r.dot_row(row, x, scratch, out) },
         }
-    }
-}
-
-/// One NVFP4 block: 8 bytes of codes (even element in the low nibble) times its scale.
-pub fn decode_nvfp4_block(codes: &[u8], scale: f32, out: &mut [f32; NVFP4_GROUP]) {
-    for (pair, &byte) in out.chunks_exact_mut(2).zip(codes) {
-        pair[0] = e2m1_to_f32(byte & 0x0f) * scale;
-        pair[1] = e2m1_to_f32(byte >> 4) * scale;
     }
 }
 

@@ -44,6 +44,16 @@ impl Pattern {
         Pattern(Regex::new(&re).expect("a translated wildcard is a valid regex"))
     }
 
+    /// A `modules_to_not_convert` entry as transformers' `should_convert_module` reads it: a
+    /// Python regex matched from the first character up to a module boundary (the name's end or a
+    /// `.`), or a literal suffix of the name. (transformers also takes a match that itself ends in
+    /// `.`; no config writes one, and such an entry is read by the two rules above.)
+    pub fn transformers_skip(src: &str) -> Result<Pattern, String> {
+        Regex::new(&format!(r"^(?:(?:{src})(?:\.|$)|.*{}$)", regex::escape(src)))
+            .map(Pattern)
+            .map_err(|e| e.to_string())
+    }
+
     pub fn matches(&self, name: &str) -> bool {
         self.0.is_match(name)
     }
@@ -125,5 +135,28 @@ mod tests {
         }
         assert!(Pattern::exact("lm_head").matches("lm_head"));
         assert!(!Pattern::exact("lm_head").matches("lm_head.x"));
+    }
+
+    /// Expectations checked against transformers 5.24's `should_convert_module`.
+    #[test]
+    fn transformers_skip_matches_like_should_convert_module() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("mlp.gate", "model.layers.0.mlp.gate", true),
+            ("mlp.gate", "model.layers.0.mlp.gate_proj", false),
+            ("model.layers.1", "model.layers.1.mlp.gate", true),
+            ("model.layers.1", "model.layers.11.mlp.gate", false),
+            (r"model\.layers\.\d+\.mlp\.gate", "model.layers.3.mlp.gate", true),
+            (r"model\.layers\.\d+\.mlp\.gate", "model.layers.3.mlp.gate_proj", false),
+            ("lm_head", "lm_head", true),
+            ("in_proj_a", "model.layers.0.linear_attn.in_proj_a", true),
+            ("in_proj_a", "model.layers.0.linear_attn.in_proj_ab", false),
+            ("layers.1", "model.layers.1.mlp", false),
+            ("model.layers.*.self_attn", "model.layers.12.self_attn.q_proj", true),
+            ("shared_expert", "model.layers.0.mlp.shared_expert_gate", false),
+        ];
+        for &(pat, name, want) in cases {
+            let p = Pattern::transformers_skip(pat).unwrap_or_else(|e| panic!("{pat}: {e}"));
+            assert_eq!(p.matches(name), want, "should_convert_module({name:?}, [{pat:?}]) == {}", !want);
+        }
     }
 }

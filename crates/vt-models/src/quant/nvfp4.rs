@@ -16,21 +16,19 @@
 //! not read them. Experts are read per expert: both exporters write `experts.{e}.gate_proj` etc.
 //! for these models (transformers' own compressed-tensors loader only reads that layout).
 
-mod pattern;
-
-use std::path::Path;
-
 use serde_json::{json, Value};
 use vt_core::checkpoint::{Checkpoint, TensorRef, TensorStore};
-use vt_core::{DType, Error, Result, NVFP4_GROUP};
+use vt_core::{Backend, DType, Error, Nvfp4, Result, Weight, NVFP4_GROUP};
 
-use pattern::Pattern;
+use super::config::{expect_tensor, Ctx, Rule};
+use super::pattern::Pattern;
+use crate::loader::Loader;
 
 /// The only compressed-tensors format vt reads.
 const CT_FORMAT: &str = "nvfp4-pack-quantized";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Encoding {
+enum Encoding {
     CompressedTensors,
     ModelOpt,
 }
@@ -53,14 +51,6 @@ impl Encoding {
     }
 }
 
-/// One entry of a config list, kept as written for error messages.
-#[derive(Debug)]
-struct Rule {
-    field: String,
-    text: String,
-    pattern: Pattern,
-}
-
 /// A checkpoint's NVFP4 quantization config.
 ///
 /// The config decides where it can: a module it leaves unquantized must be stored dense, a module a
@@ -68,7 +58,7 @@ struct Rule {
 /// targets (`Linear`) and ModelOpt's "everything not excluded" refer to Python module classes vt
 /// does not have; there the checkpoint's tensors decide. A disagreement is an error naming the tensor.
 #[derive(Debug)]
-pub struct QuantConfig {
+pub struct Nvfp4Config {
     encoding: Encoding,
     /// Modules kept in high precision.
     skip: Vec<Rule>,
@@ -78,13 +68,10 @@ pub struct QuantConfig {
     class_targets: bool,
 }
 
-impl QuantConfig {
-    /// The NVFP4 config of a checkpoint: config.json's `quantization_config`, else
-    /// `hf_quant_config.json` (ModelOpt); `None` when neither exists.
-    pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Option<Self>> {
-        if let Some(qc) = ckpt.config.get("quantization_config") {
-            return Self::parse(&Ctx::new(ckpt.config.path(), "quantization_config"), qc).map(Some);
-        }
+impl Nvfp4Config {
+    /// ModelOpt's `hf_quant_config.json`, read when config.json has no `quantization_config`;
+    /// `None` when the file does not exist.
+    pub(super) fn from_hf_quant_config(ckpt: &Checkpoint) -> Result<Option<Self>> {
         let path = ckpt.dir.join("hf_quant_config.json");
         if !path.exists() {
             return Ok(None);
@@ -94,20 +81,42 @@ impl QuantConfig {
         modelopt(&Ctx::new(&path, ""), &v).map(Some)
     }
 
-    fn parse(c: &Ctx, v: &Value) -> Result<Self> {
+    /// Whether `quant_method` names an NVFP4 encoding vt reads.
+    pub(super) fn reads(method: &str) -> bool {
+        method == "compressed-tensors" || method.to_ascii_lowercase().starts_with("modelopt")
+    }
+
+    /// config.json's `quantization_config` (`quant_method` accepted by `reads`).
+    pub(super) fn parse(c: &Ctx, v: &Value) -> Result<Self> {
         match v.get("quant_method").and_then(Value::as_str) {
             Some("compressed-tensors") => compressed_tensors(c, v),
-            Some(m) if m.to_ascii_lowercase().starts_with("modelopt") => modelopt(c, v),
-            Some(m) => Err(c.err(
-                "quant_method",
-                format!("`{m}` is not supported (vt reads NVFP4 compressed-tensors and modelopt checkpoints)"),
-            )),
-            None => Err(c.err("quant_method", "missing or not a string")),
+            _ => modelopt(c, v),
         }
     }
 
+    /// Module `module` `[n, k]` as an NVFP4 weight, or `None` where it is left unquantized.
+    pub(super) fn weight<B: Backend>(
+        &self,
+        ld: &Loader<B>,
+        module: &str,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<Weight<B>>> {
+        let tensors = &ld.ckpt.tensors;
+        if !self.is_nvfp4(module, self.stored_nvfp4(tensors, module))? {
+            return Ok(None);
+        }
+        let parts = self.read(tensors, module, n, k)?;
+        ld.count_read(parts.global_bytes);
+        Ok(Some(Weight::Nvfp4(Nvfp4 {
+            codes: ld.upload(DType::F4x2, &[n, k], parts.codes.bytes)?,
+            scales: ld.upload(DType::F8E4M3, &[n, k / NVFP4_GROUP], parts.scales.bytes)?,
+            global_scale: parts.global_scale,
+        })))
+    }
+
     /// Whether the checkpoint stores module `module` in this encoding's NVFP4 form.
-    pub fn stored_nvfp4(&self, tensors: &TensorStore, module: &str) -> bool {
+    fn stored_nvfp4(&self, tensors: &TensorStore, module: &str) -> bool {
         let codes = self.encoding.codes(module);
         match self.encoding {
             Encoding::CompressedTensors => tensors.contains(&codes),
@@ -116,7 +125,7 @@ impl QuantConfig {
     }
 
     /// Whether module `module` is NVFP4, given whether the checkpoint stores it so.
-    pub fn is_nvfp4(&self, module: &str, stored: bool) -> Result<bool> {
+    fn is_nvfp4(&self, module: &str, stored: bool) -> Result<bool> {
         let codes = || self.encoding.codes(module);
         if let Some(r) = self.skip.iter().find(|r| r.pattern.matches(module)) {
             if stored {
@@ -147,7 +156,7 @@ impl QuantConfig {
 
     /// Module `module` as an NVFP4 `[n, k]` matrix (`n`, `k` from config.json), every tensor's dtype
     /// and shape checked, the per-tensor scale normalised to a multiplier.
-    pub fn read<'t>(&self, tensors: &'t TensorStore, module: &str, n: usize, k: usize) -> Result<Nvfp4Parts<'t>> {
+    fn read<'t>(&self, tensors: &'t TensorStore, module: &str, n: usize, k: usize) -> Result<Nvfp4Parts<'t>> {
         if !k.is_multiple_of(NVFP4_GROUP) {
             return Err(Error::tensor(
                 module,
@@ -181,110 +190,15 @@ impl QuantConfig {
 
 /// A checked NVFP4 module still in the checkpoint: codes `[n, k/2]`, scales `[n, k/16]`, and the
 /// per-tensor scale as a multiplier.
-pub struct Nvfp4Parts<'t> {
-    pub codes: TensorRef<'t>,
-    pub scales: TensorRef<'t>,
-    pub global_scale: f32,
+struct Nvfp4Parts<'t> {
+    codes: TensorRef<'t>,
+    scales: TensorRef<'t>,
+    global_scale: f32,
     /// Size of the stored per-tensor scale (read into `global_scale`, not uploaded).
-    pub global_bytes: usize,
+    global_bytes: usize,
 }
 
-/// Activation scales of W4A4 checkpoints, which vt's W4A16 compute never reads.
-pub fn is_activation_scale(name: &str) -> bool {
-    name.ends_with(".input_global_scale") || name.ends_with(".input_scale")
-}
-
-fn expect_tensor(t: &TensorRef, dtype: DType, shape: &[usize], what: &str) -> Result<()> {
-    if t.dtype != dtype || t.shape != shape {
-        return Err(Error::tensor(
-            t.name,
-            format!("expected {dtype} {shape:?} ({what}), found {} {:?}", t.dtype, t.shape),
-        ));
-    }
-    Ok(())
-}
-
-/// Where in which file a config value sits, for errors.
-#[derive(Clone)]
-struct Ctx<'a> {
-    file: &'a Path,
-    base: String,
-}
-
-impl<'a> Ctx<'a> {
-    fn new(file: &'a Path, base: &str) -> Self {
-        Ctx { file, base: base.to_string() }
-    }
-
-    fn field(&self, f: &str) -> String {
-        if self.base.is_empty() {
-            f.to_string()
-        } else {
-            format!("{}.{f}", self.base)
-        }
-    }
-
-    fn sub(&self, f: &str) -> Ctx<'a> {
-        Ctx { file: self.file, base: self.field(f) }
-    }
-
-    fn err(&self, f: &str, reason: impl Into<String>) -> Error {
-        Error::Config { file: self.file.to_path_buf(), field: self.field(f), reason: reason.into() }
-    }
-
-    /// An optional string field (`null` counts as absent).
-    fn opt_str<'v>(&self, v: &'v Value, f: &str) -> Result<Option<&'v str>> {
-        match v.get(f) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(self.err(f, format!("expected a string, found {other}"))),
-        }
-    }
-
-    /// An optional list of strings, each with its field name (`f[i]`).
-    fn str_list(&self, v: &Value, f: &str) -> Result<Vec<(String, String)>> {
-        let items = match v.get(f) {
-            None | Some(Value::Null) => return Ok(Vec::new()),
-            Some(Value::Array(items)) => items,
-            Some(other) => return Err(self.err(f, format!("expected a list of strings, found {other}"))),
-        };
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let field = format!("{f}[{i}]");
-                x.as_str()
-                    .map(|s| (self.field(&field), s.to_string()))
-                    .ok_or_else(|| self.err(&field, format!("expected a string, found {x}")))
-            })
-            .collect()
-    }
-
-    /// `f` must be `want` (or, unless `required`, absent).
-    fn expect(&self, v: &Value, f: &str, want: Value, required: bool) -> Result<()> {
-        match v.get(f) {
-            Some(x) if *x == want => Ok(()),
-            None | Some(Value::Null) if !required => Ok(()),
-            None | Some(Value::Null) => Err(self.err(f, format!("missing (NVFP4 needs {want})"))),
-            Some(x) => Err(self.err(f, format!("{x} is not supported (NVFP4 needs {want})"))),
-        }
-    }
-
-    /// A compressed-tensors list entry: `re:` patterns as Python `re.match`, others exact names.
-    fn ct_rule(&self, (field, text): (String, String)) -> Result<Rule> {
-        let pattern = match text.strip_prefix("re:") {
-            Some(re) => Pattern::regex(re).map_err(|e| Error::Config {
-                file: self.file.to_path_buf(),
-                field: field.clone(),
-                reason: format!("pattern `{text}`: {e}"),
-            })?,
-            None => Pattern::exact(&text),
-        };
-        Ok(Rule { field, text, pattern })
-    }
-}
-
-fn compressed_tensors(c: &Ctx, v: &Value) -> Result<QuantConfig> {
+fn compressed_tensors(c: &Ctx, v: &Value) -> Result<Nvfp4Config> {
     let top_format = c.opt_str(v, "format")?;
     let groups = match v.get("config_groups") {
         Some(Value::Object(g)) if !g.is_empty() => g,
@@ -317,16 +231,16 @@ fn compressed_tensors(c: &Ctx, v: &Value) -> Result<QuantConfig> {
             // compressed-tensors matches a plain target against module names and class names; a
             // dotless one (`Linear`) may be a class.
             class_targets |= !entry.1.starts_with("re:") && !entry.1.contains('.');
-            targets.push(c.ct_rule(entry)?);
+            targets.push(ct_rule(c, entry)?);
         }
     }
-    let skip = c.str_list(v, "ignore")?.into_iter().map(|e| c.ct_rule(e)).collect::<Result<_>>()?;
-    Ok(QuantConfig { encoding: Encoding::CompressedTensors, skip, targets, class_targets })
+    let skip = c.str_list(v, "ignore")?.into_iter().map(|e| ct_rule(c, e)).collect::<Result<_>>()?;
+    Ok(Nvfp4Config { encoding: Encoding::CompressedTensors, skip, targets, class_targets })
 }
 
 /// ModelOpt: `hf_quant_config.json` nests its fields under `quantization` and lists
 /// `exclude_modules`; config.json's `quantization_config` has them at the top and says `ignore`.
-fn modelopt(c: &Ctx, v: &Value) -> Result<QuantConfig> {
+fn modelopt(c: &Ctx, v: &Value) -> Result<Nvfp4Config> {
     let (sec, c) = match v.get("quantization") {
         Some(q) if q.is_object() => (q, c.sub("quantization")),
         _ => (v, c.clone()),
@@ -342,18 +256,30 @@ fn modelopt(c: &Ctx, v: &Value) -> Result<QuantConfig> {
         .into_iter()
         .map(|(field, text)| Rule { pattern: Pattern::glob(&text), field, text })
         .collect();
-    Ok(QuantConfig { encoding: Encoding::ModelOpt, skip, targets: Vec::new(), class_targets: true })
+    Ok(Nvfp4Config { encoding: Encoding::ModelOpt, skip, targets: Vec::new(), class_targets: true })
+}
+
+/// A compressed-tensors list entry: `re:` patterns as Python `re.match`, others exact names.
+fn ct_rule(c: &Ctx, entry: (String, String)) -> Result<Rule> {
+    c.rule(entry, |text| match text.strip_prefix("re:") {
+        Some(re) => Pattern::regex(re),
+        None => Ok(Pattern::exact(text)),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use super::super::QuantConfig;
     use super::*;
 
-    fn parse(json: &str) -> Result<QuantConfig> {
-        QuantConfig::parse(
-            &Ctx::new(Path::new("/m/config.json"), "quantization_config"),
-            &serde_json::from_str(json).unwrap(),
-        )
+    fn parse(json: &str) -> Result<Nvfp4Config> {
+        let c = Ctx::new(Path::new("/m/config.json"), "quantization_config");
+        match QuantConfig::parse(&c, &serde_json::from_str(json).unwrap())? {
+            QuantConfig::Nvfp4(q) => Ok(q),
+            other => panic!("{json}: read as {other:?}"),
+        }
     }
 
     fn ct(weights: &str, targets: &str, ignore: &str) -> String {
