@@ -15,19 +15,15 @@ struct SharedDesc {
     int gated;
 };
 
-// Routing of token blockIdx.x by one warp: slot_ids / slot_w [t, slots] get its chosen experts in
+// Routing of token blockIdx.x by the block (route_block: a thread per expert, 128 to 512): slot_ids / slot_w [t, slots] get its chosen experts in
 // ascending order, then -1 and the shared expert's multiplier when `slots` exceeds top_k.
 extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
+    __shared__ RouteScratch rs;
     grid_dep_begin();
-    int tok = blockIdx.x, lane = threadIdx.x & 31;
+    int tok = blockIdx.x;
     const float* lg = logits + (long long)tok * (ra.n_exp + 1);
-    Choice c = route_warp([&](int e) { return __ldcg(lg + e); }, ra);
-    int pos = ascending_pos(c, ra.top_k);
-    if (lane < ra.top_k) {
-        slot_ids[tok * slots + pos] = c.id;
-        slot_w[tok * slots + pos] = c.w;
-    }
-    if (lane == 0 && slots > ra.top_k) {
+    route_block(lg, ra, slot_ids + tok * slots, slot_w + tok * slots, rs);
+    if (threadIdx.x == 0 && slots > ra.top_k) {
         slot_ids[tok * slots + ra.top_k] = -1;
         slot_w[tok * slots + ra.top_k] = gated ? sigmoidf(lg[ra.n_exp]) : 1.0f;
     }

@@ -162,9 +162,12 @@ pub(crate) fn moe_block(
 
     let mut l = Overlapped::new(b, &b.k().moe_dec_route);
     l.arg(&p_ids).arg(&p_w).arg(&p_logits).arg(&ra).arg(&gated).arg(&si);
-    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    // A thread per expert (route_block ranks with one), whole warps.
+    let threads = (n_exp.div_ceil(32) * 32).clamp(128, ROUTE_MAX_EXP) as u32;
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra,
-    // int gated, int slots): a warp per token; logits [t, n_exp + 1] written by the previous
+    // int gated, int slots): a block per token of 128..=512 threads (whole warps, at least n_exp:
+    // route_block's thread per expert); logits [t, n_exp + 1] written by the previous
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
