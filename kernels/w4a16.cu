@@ -18,12 +18,10 @@
 // (8 significant bits, f32's exponent range), so the tensor cores see the weight exactly up to
 // the per-tensor multiplier, which the epilogue applies in f32.
 
-#define W4_BN 128                                  // weight rows per tile
-#define W4_BK 64                                   // inputs per tile (and pipeline stage)
+// W4_BN weight rows and W4_BK inputs per tile (and pipeline stage), W4_STAGES stages.
 #define W4_CODE_BYTES (W4_BN * W4_BK / 2)          // 4096
 #define W4_SCALE_BYTES (W4_BN * W4_BK / 16)        // 512
 #define W4_TILE_BYTES (W4_CODE_BYTES + W4_SCALE_BYTES)
-#define W4_STAGES 4
 
 // Row `row` of a matrix of `row_bytes` rows at `a`, or, when `b` is set, of the rows of a and b
 // interleaved (an expert's gate and up rows u as rows 2u, 2u + 1).
@@ -222,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) w4a16_gemm(bf16* y, const b
 // matrix (rows 2u, 2u + 1 = gate u, up u, multipliers global[0], global[1]) and 2e + 1 its down
 // [hidden, inter], each `data` its repacked tiles. ----
 
-#define W4_MOE_MI 4  // a MoE tile's 128 slots (MP_BM) as w4a16_tile's 32 MI rows
+// W4_MOE_MI: a MoE tile's 128 slots as w4a16_tile's 32 MI rows.
 
 // The tile of slots `blockIdx.y` (expert, first sorted row, row count); false for a spare block.
 __device__ __forceinline__ bool w4_moe_tile(const int* tiles, const int* n_tiles, const int* counts, const int* offsets, int& e, int& row0, int& rows) {

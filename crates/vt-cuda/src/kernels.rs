@@ -193,6 +193,7 @@ mod tests {
             ("moe_prefill.cu", crate::ops::moe::routing_mirrors()),
             ("attn_decode.cu", crate::ops::attention::decode::mirrors()),
             ("gdn_chunk.cu", crate::ops::gdn::chunk::mirrors()),
+            ("w4a16.cu", crate::w4a16::mirrors()),
         ];
         for (file, checks) in mirrors {
             let (_, src) = SOURCES.iter().find(|(f, _)| *f == file).unwrap();

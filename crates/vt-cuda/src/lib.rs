@@ -6,6 +6,12 @@
 //!
 //! The crate is empty without the `cuda` feature, so the workspace builds with no CUDA at all;
 //! with it, cudarc loads libcuda, libnvrtc and libcublasLt at run time.
+//!
+//! From the ground up: `error.rs`, `limits.rs` (the numbers shared with the kernels), `alloc.rs`,
+//! `kernels.rs` (NVRTC), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
+//! (launch helpers); `kv.rs` (KV cache), `capture.rs` and `record.rs` (recorded decode steps);
+//! `ops/` (each op family's launch code); `backend.rs` (the Backend trait's layers, handing each
+//! method to its family).
 
 #[cfg(feature = "cuda")]
 mod alloc;

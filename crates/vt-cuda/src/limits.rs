@@ -68,4 +68,10 @@ shared! {
     MP_BK: usize = 64;
     MP_STAGES: usize = 3;
     MP_THREADS: usize = 128;
+    /// NVFP4 on tensor cores (w4a16.cu): weight rows and inputs per repacked tile, pipeline
+    /// stages, and a grouped MoE tile's 32-slot row groups (32 * W4_MOE_MI slots a tile).
+    W4_BN: usize = 128;
+    W4_BK: usize = 64;
+    W4_STAGES: usize = 4;
+    W4_MOE_MI: usize = 4;
 }

@@ -13,19 +13,17 @@ use crate::device::CudaBackend;
 use crate::error::{check, err};
 use crate::kernels::allow_shared;
 use crate::launch::{i32_of, launched};
+use crate::limits::{W4_BK, W4_BN, W4_MOE_MI, W4_STAGES};
 use crate::weight::{WeightDesc, DT_NVFP4};
 
-/// `W4_BN`, `W4_BK`, `W4_TILE_BYTES` and `W4_STAGES` of kernels/w4a16.cu; `ROWS` is the dense
-/// GEMM's 128 activation rows per block.
-const TILE_N: usize = 128;
-const TILE_K: usize = 64;
-const TILE_BYTES: usize = TILE_N * TILE_K / 2 + TILE_N * TILE_K / 16;
-const STAGES: usize = 4;
+/// Bytes of a repacked tile (`W4_TILE_BYTES`): W4_BN x W4_BK codes and their scales. `ROWS` is
+/// the dense GEMM's 128 activation rows per block.
+const TILE_BYTES: usize = W4_BN * W4_BK / 2 + W4_BN * W4_BK / 16;
 const ROWS: usize = 128;
-const GEMM_SHARED: usize = STAGES * (ROWS * TILE_K * 2 + TILE_BYTES);
-/// Slots per tile of the grouped MoE kernels (`32 * W4_MOE_MI`) and their shared memory.
-pub(crate) const MOE_TILE_ROWS: usize = 128;
-pub(crate) const MOE_SHARED: usize = STAGES * (MOE_TILE_ROWS * TILE_K * 2 + TILE_BYTES);
+const GEMM_SHARED: usize = W4_STAGES * (ROWS * W4_BK * 2 + TILE_BYTES);
+/// Slots per tile of the grouped MoE kernels and their shared memory.
+pub(crate) const MOE_TILE_ROWS: usize = 32 * W4_MOE_MI;
+pub(crate) const MOE_SHARED: usize = W4_STAGES * (MOE_TILE_ROWS * W4_BK * 2 + TILE_BYTES);
 
 /// An NVFP4 weight `[n, k]` in the tensor-core layout: `ceil(n / 128)` row tiles of
 /// `ceil(k / 64)` tiles of 4608 bytes, zero-padded.
@@ -46,7 +44,7 @@ impl PackedNvfp4 {
 /// `pair`'s `n / 2` rows each, interleaved (gate row u and up row u as rows 2u, 2u + 1). All alive
 /// until the stream has run; `k % 16 == 0`.
 fn repack(b: &CudaBackend, rows: (u64, u64), pair: Option<(u64, u64)>, n: usize, k: usize) -> Result<CudaBuffer> {
-    let (n_tiles, k_tiles) = (n.div_ceil(TILE_N), k.div_ceil(TILE_K));
+    let (n_tiles, k_tiles) = (n.div_ceil(W4_BN), k.div_ceil(W4_BK));
     check(k.is_multiple_of(16) && k_tiles <= i32::MAX as usize && n_tiles <= 65535, "nvfp4 repack", || {
         format!("NVFP4 matrix [{n}, {k}]")
     })?;
@@ -120,7 +118,7 @@ pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>,
     let mut l = b.stream().launch_builder(f);
     l.arg(&y).arg(&x).arg(&pp).arg(&ti).arg(&ni).arg(&ki).arg(&q.global_scale);
     let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(TILE_N) as u32, t.div_ceil(ROWS) as u32, 1),
+        grid_dim: (n.div_ceil(W4_BN) as u32, t.div_ceil(ROWS) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: GEMM_SHARED as u32,
     };
@@ -130,4 +128,10 @@ pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>,
     // slot, alive with `w`), read whole tiles at a time; x rows < t and inputs < k (k % 16 == 0,
     // validated at load, so 16-byte rows) are read, y outputs < (t, n) written.
     launched(unsafe { l.launch(cfg) }, "w4a16_gemm")
+}
+
+/// The kernels' tile is TILE_BYTES (kernels.rs's tests).
+#[cfg(test)]
+pub(crate) fn mirrors() -> Vec<String> {
+    vec![crate::kernels::c_equal("W4_TILE_BYTES", TILE_BYTES)]
 }
