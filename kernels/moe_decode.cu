@@ -1,5 +1,5 @@
 // The whole MoE block for the few tokens of a decode step, three launches after its logits (the
-// router's and the shared-expert gate's rows, from gemv.cu's kernels as f32): routing (a warp per
+// router's and the shared-expert gate's rows, from gemv.cu's kernels as f32): routing (a block per
 // token); fused SwiGLU of every chosen expert and the shared expert; down projections + weighted
 // combine. No host synchronisation: expert ids never leave the device; the expert table is the
 // MoeExperts' resident WeightDesc array (gate, up, down of expert e at 3e, 3e + 1, 3e + 2).
@@ -15,8 +15,9 @@ struct SharedDesc {
     int gated;
 };
 
-// Routing of token blockIdx.x by the block (route_block: a thread per expert, 128 to 512): slot_ids / slot_w [t, slots] get its chosen experts in
-// ascending order, then -1 and the shared expert's multiplier when `slots` exceeds top_k.
+// Routing of token blockIdx.x by the block (route_block: a thread per expert, 128 to 512):
+// slot_ids / slot_w [t, slots] get its chosen experts in ascending order, then -1 and the shared
+// expert's multiplier when `slots` exceeds top_k.
 extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const float* logits, RouteArgs ra, int gated, int slots) {
     __shared__ RouteScratch rs;
     grid_dep_begin();
