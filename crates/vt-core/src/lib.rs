@@ -1,6 +1,7 @@
 //! vt-core: dtypes, errors, the `Backend` trait, `ResidentSlot<B>`, typed weights and checkpoint
 //! reading. Backends and model graphs build on this crate; it names neither a device nor a model.
 
+pub mod alloc;
 pub mod backend;
 pub mod checkpoint;
 pub mod dtype;

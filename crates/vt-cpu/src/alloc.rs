@@ -1,155 +1,69 @@
 //! vt-cpu's allocator: every backend buffer comes from here, so memory is accounted and, in
-//! placement-arena mode, freed blocks are handed out again deterministically.
-//!
-//! Arena mode carves blocks from large chunks in address order and never returns them to the
-//! system while the backend lives. A request is served by the lowest-addressed free block of
-//! exactly its (64-byte-rounded) size, else carved fresh. Replaying the same sequence of requests
-//! after everything was freed therefore lands every block at exactly the address it had before:
-//! that is how the lifetime tests *command* address reuse instead of hoping for it. (Not LIFO: Rust
-//! drops fields and `Vec` elements front to back, so same-sized blocks are freed in allocation order
-//! and a LIFO free list would hand them out reversed on one round and restored on the next.)
+//! placement-arena mode, freed blocks are handed out again deterministically. The bookkeeping is
+//! vt-core's `alloc::Allocator`; this is its host memory (zeroed 64-byte-aligned blocks, 64 MiB
+//! arena chunks) and the buffer type.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::collections::{BTreeSet, HashMap};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use vt_core::{Error, MemoryStats, Result};
+use vt_core::alloc::RawMemory;
+use vt_core::{Error, Result};
+
+pub use vt_core::alloc::AllocMode;
 
 const ALIGN: usize = 64;
 const ARENA_CHUNK: usize = 64 << 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AllocMode {
-    /// Each block from the system allocator, returned on free.
-    System,
-    /// Deterministic reuse of freed blocks (see the module docs).
-    PlacementArena,
-}
+pub type Allocator = vt_core::alloc::Allocator<HostMemory>;
 
-struct Chunk {
+/// The process heap, zeroed at allocation.
+pub struct HostMemory;
+
+/// An arena chunk of the heap, deallocated on drop.
+pub struct HostChunk {
     base: NonNull<u8>,
     layout: Layout,
-    used: usize,
 }
 
-#[derive(Default)]
-struct State {
-    stats: MemoryStats,
-    chunks: Vec<Chunk>,
-    /// size -> free block addresses (arena mode).
-    free: HashMap<usize, BTreeSet<usize>>,
-}
+// SAFETY: the chunk exclusively owns its memory, plain bytes; it only deallocates it on drop.
+unsafe impl Send for HostChunk {}
 
-pub struct Allocator {
-    mode: AllocMode,
-    state: Mutex<State>,
-}
-
-// SAFETY: the raw chunk pointers in `State` are only touched under the mutex, and the memory they
-// point to is plain bytes owned by this allocator.
-unsafe impl Send for Allocator {}
-// SAFETY: as above; all shared access goes through the mutex.
-unsafe impl Sync for Allocator {}
-
-impl Allocator {
-    pub fn new(mode: AllocMode) -> Self {
-        Allocator { mode, state: Mutex::new(State::default()) }
-    }
-
-    pub fn mode(&self) -> AllocMode {
-        self.mode
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the counters half-updated in a way that
-        // matters more than losing the allocator, so recover the guard.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn stats(&self) -> MemoryStats {
-        self.lock().stats
-    }
-
-    /// A zeroed block of at least `len` bytes (64-byte aligned); returns the pointer and the
-    /// rounded size that `free` must be given back.
-    fn alloc(&self, len: usize) -> Result<(NonNull<u8>, usize)> {
-        let size = len.max(1).checked_next_multiple_of(ALIGN).ok_or_else(|| oom(len))?;
-        let mut st = self.lock();
-        let ptr = match self.mode {
-            AllocMode::System => {
-                let layout = Layout::from_size_align(size, ALIGN).map_err(|_| oom(len))?;
-                // SAFETY: `layout` has non-zero size.
-                NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(|| oom(len))?
-            }
-            AllocMode::PlacementArena => {
-                let reused = st.free.get_mut(&size).and_then(|set| set.pop_first());
-                match reused {
-                    Some(addr) => {
-                        let ptr = addr as *mut u8;
-                        // SAFETY: `addr` is a block of `size` bytes inside one of our chunks that
-                        // was freed and is not handed out to anyone else.
-                        unsafe { ptr.write_bytes(0, size) };
-                        NonNull::new(ptr).expect("arena blocks are non-null")
-                    }
-                    None => carve(&mut st, size).ok_or_else(|| oom(len))?,
-                }
-            }
-        };
-        st.stats.bytes_live += size;
-        st.stats.blocks_live += 1;
-        st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.bytes_live);
-        Ok((ptr, size))
-    }
-
-    /// Gives a block back. Called only by `CpuBuffer::drop` with what `alloc` returned.
-    fn free(&self, ptr: NonNull<u8>, size: usize) {
-        let mut st = self.lock();
-        st.stats.bytes_live -= size;
-        st.stats.blocks_live -= 1;
-        match self.mode {
-            AllocMode::System => {
-                let layout = Layout::from_size_align(size, ALIGN).expect("layout was valid at alloc");
-                // SAFETY: `ptr` was allocated by `alloc_zeroed` with exactly this layout and is
-                // freed once, by its owning buffer's drop.
-                unsafe { dealloc(ptr.as_ptr(), layout) };
-            }
-            AllocMode::PlacementArena => {
-                st.free.entry(size).or_default().insert(ptr.as_ptr() as usize);
-            }
-        }
-    }
-}
-
-/// Carves `size` bytes from the newest chunk, or from a new one.
-fn carve(st: &mut State, size: usize) -> Option<NonNull<u8>> {
-    if let Some(chunk) = st.chunks.last_mut() {
-        if chunk.layout.size() - chunk.used >= size {
-            // SAFETY: `used + size <= chunk size`, so the result stays inside the chunk.
-            let ptr = unsafe { chunk.base.as_ptr().add(chunk.used) };
-            chunk.used += size;
-            return NonNull::new(ptr);
-        }
-    }
-    let layout = Layout::from_size_align(size.max(ARENA_CHUNK), ALIGN).ok()?;
-    // SAFETY: non-zero size.
-    let base = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-    st.chunks.push(Chunk { base, layout, used: size });
-    Some(base)
-}
-
-fn oom(len: usize) -> Error {
-    Error::backend("cpu", format!("out of memory allocating {len} bytes"))
-}
-
-impl Drop for Allocator {
+impl Drop for HostChunk {
     fn drop(&mut self) {
-        // Every buffer holds an Arc to us, so no block is live here.
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for chunk in st.chunks.drain(..) {
-            // SAFETY: each chunk was allocated with exactly this layout and no buffer is live.
-            unsafe { dealloc(chunk.base.as_ptr(), chunk.layout) };
-        }
+        // SAFETY: allocated with exactly this layout; the allocator drops its chunks only after
+        // every buffer (each holds an Arc to it) is gone.
+        unsafe { dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
+fn zeroed(size: usize) -> Result<(NonNull<u8>, Layout)> {
+    let oom = || Error::backend("cpu", format!("out of memory allocating {size} bytes"));
+    let layout = Layout::from_size_align(size, ALIGN).map_err(|_| oom())?;
+    // SAFETY: `layout` has non-zero size (the allocator rounds every request up to ALIGN).
+    let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(oom)?;
+    Ok((ptr, layout))
+}
+
+impl RawMemory for HostMemory {
+    type Chunk = HostChunk;
+    const ALIGN: usize = ALIGN;
+    const BACKEND: &'static str = "cpu";
+
+    fn alloc(&self, size: usize) -> Result<u64> {
+        Ok(zeroed(size)?.0.as_ptr() as u64)
+    }
+
+    unsafe fn free(&self, addr: u64, size: usize) {
+        let layout = Layout::from_size_align(size, ALIGN).expect("layout was valid at alloc");
+        // SAFETY: `addr` came from `alloc` (`alloc_zeroed` with exactly this layout) and is freed
+        // once (the caller's contract).
+        unsafe { dealloc(addr as *mut u8, layout) };
+    }
+
+    fn chunk(&self, size: usize) -> Result<(u64, usize, HostChunk)> {
+        let (base, layout) = zeroed(size.max(ARENA_CHUNK))?;
+        Ok((base.as_ptr() as u64, layout.size(), HostChunk { base, layout }))
     }
 }
 
@@ -168,8 +82,14 @@ unsafe impl Sync for CpuBuffer {}
 
 impl CpuBuffer {
     pub(crate) fn new(alloc: &Arc<Allocator>, len: usize) -> Result<Self> {
-        let (ptr, size) = alloc.alloc(len)?;
-        Ok(CpuBuffer { ptr, len, size, alloc: alloc.clone() })
+        let block = alloc.alloc(len)?;
+        let ptr = NonNull::new(block.addr as *mut u8).expect("host blocks are non-null");
+        if block.reused {
+            // SAFETY: the block holds `size` bytes of ours that nothing else uses (freed, and now
+            // handed to this buffer alone); fresh blocks are zeroed already.
+            unsafe { ptr.as_ptr().write_bytes(0, block.size) };
+        }
+        Ok(CpuBuffer { ptr, len, size: block.size, alloc: alloc.clone() })
     }
 
     pub fn addr(&self) -> usize {
@@ -199,17 +119,19 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        self.alloc.free(self.ptr, self.size);
+        // SAFETY: the block `new` got from this allocator, given back once.
+        unsafe { self.alloc.free(self.ptr.as_ptr() as u64, self.size) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vt_core::MemoryStats;
 
     #[test]
     fn arena_replays_placement_and_accounts() {
-        let a = Arc::new(Allocator::new(AllocMode::PlacementArena));
+        let a = Arc::new(Allocator::new(AllocMode::PlacementArena, HostMemory));
         let sizes = [100, 4096, 100, 64, 4096, 7];
         let first: Vec<CpuBuffer> = sizes.iter().map(|&s| CpuBuffer::new(&a, s).unwrap()).collect();
         let addrs: Vec<usize> = first.iter().map(CpuBuffer::addr).collect();
@@ -224,7 +146,7 @@ mod tests {
 
     #[test]
     fn system_mode_returns_memory() {
-        let a = Arc::new(Allocator::new(AllocMode::System));
+        let a = Arc::new(Allocator::new(AllocMode::System, HostMemory));
         let b = CpuBuffer::new(&a, 1000).unwrap();
         assert_eq!(a.stats().bytes_live, 1024);
         drop(b);

@@ -18,7 +18,7 @@ pub use alloc::{AllocMode, CpuBuffer};
 pub use ops::attention::{CpuKvCache, KV_BLOCK};
 pub use ops::moe::CpuExpertTable;
 
-use alloc::Allocator;
+use alloc::{Allocator, HostMemory};
 use ops::rows::RowSource;
 
 /// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
@@ -37,7 +37,10 @@ impl CpuBackend {
     }
 
     pub fn with_mode(mode: AllocMode) -> Self {
-        CpuBackend { alloc: Arc::new(Allocator::new(mode)), id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed) }
+        CpuBackend {
+            alloc: Arc::new(Allocator::new(mode, HostMemory)),
+            id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     pub fn alloc_mode(&self) -> AllocMode {

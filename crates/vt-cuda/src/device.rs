@@ -48,7 +48,7 @@ impl CudaBackend {
     pub fn with_mode(mode: AllocMode) -> Result<Self> {
         let ctx = CudaContext::new(0).map_err(|e| driver_err("opening CUDA device 0", e))?;
         let stream = ctx.new_stream().map_err(|e| driver_err("creating a stream", e))?;
-        let alloc = Arc::new(Allocator::new(mode, stream));
+        let alloc = Arc::new(crate::alloc::new_allocator(mode, stream));
         let kernels = Kernels::load(&ctx)?;
         let gemm = Gemm::new(&alloc)?;
         let id = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
@@ -70,7 +70,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        self.inner.alloc.stream()
+        self.inner.alloc.raw().stream()
     }
 
     pub(crate) fn alloc(&self) -> &Arc<Allocator> {
@@ -146,7 +146,7 @@ impl CudaBackend {
     /// A recorder of this backend: its ops go to `recording`'s capture stream, its memory to an
     /// arena of this backend's blocks.
     pub(crate) fn recorder_of(&self, recording: Recording) -> CudaBackend {
-        let alloc = Arc::new(Allocator::for_recording(self.alloc(), recording.stream().clone()));
+        let alloc = Arc::new(crate::alloc::for_recording(self.alloc(), recording.stream().clone()));
         let inner = Inner {
             id: self.inner.id,
             kernels: self.inner.kernels.clone(),

@@ -84,8 +84,10 @@ impl CudaKvCache {
                 for (dst, src) in [(&k, ok), (&v, ov)] {
                     // SAFETY: both blocks hold at least `used` bytes; the copy is ordered on the
                     // backend's stream before the old block can be reused.
-                    unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), used, self.alloc.stream().cu_stream()) }
-                        .map_err(|e| driver_err("growing a KV cache", e))?;
+                    unsafe {
+                        result::memcpy_dtod_async(dst.ptr(), src.ptr(), used, self.alloc.raw().stream().cu_stream())
+                    }
+                    .map_err(|e| driver_err("growing a KV cache", e))?;
                 }
             }
             self.k = Some(k);

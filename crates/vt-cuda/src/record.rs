@@ -3,7 +3,7 @@
 //!
 //! A recorder is a `CudaBackend` whose ops go to a capture stream of their own (other threads keep
 //! using the backend's stream meanwhile) and whose memory comes from an arena of the parent's
-//! blocks (`Allocator::for_recording`), reserved for the recording's lifetime. What changes from
+//! blocks (`alloc::for_recording`), reserved for the recording's lifetime. What changes from
 //! step to step is read from device memory that `replay` fills before the launch: the token ids
 //! (embedding) and the position (rope, the attention kernels, the KV append). Everything else a
 //! recording touches is fixed: weights, the sequence's recurrent states, which it updates in place,

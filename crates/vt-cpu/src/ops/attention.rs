@@ -161,11 +161,12 @@ fn attend(q: &[f32], cache: &CpuKvCache, s: &AttnShape, q_start: usize, p: &Atte
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::HostMemory;
     use crate::AllocMode;
 
     #[test]
     fn sliding_layer_gives_back_blocks_outside_the_window() {
-        let alloc = Arc::new(Allocator::new(AllocMode::System));
+        let alloc = Arc::new(Allocator::new(AllocMode::System, HostMemory));
         let (w, row) = (20, 2);
         let mut cache = CpuKvCache::new(alloc.clone(), 1, row, Some(w));
         let s = AttnShape { t: 1, q_heads: 1, kv_heads: 1, head_dim: row };
