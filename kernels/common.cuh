@@ -117,12 +117,15 @@ __device__ float block_sum(float v) {
 // NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16
 // inputs; every row is scaled by `global[0]` (a repacked gate/up pair, w4a16.cu, keeps the up
 // half's multiplier in global[1]).
+// FP8: `data` holds e4m3 values, `scales` one f32 per block of `block[0]` rows and `block[1]`
+// inputs, ceil(k / block[1]) a scale row (the last block of a dimension may be partial).
 struct WeightDesc {
     u64 data;
     u64 scales;
     float global[2];
     int kind;
     int k;
+    int block[2];
 };
 
 // Weight element (row, j) as f32, for a weight of kind KIND.
@@ -132,6 +135,11 @@ template <int KIND> __device__ __forceinline__ float w_at(const WeightDesc& w, l
         unsigned code = (j & 1) ? (byte >> 4) : (byte & 15u);
         unsigned char s = ((const unsigned char*)w.scales)[row * (w.k / 16) + j / 16];
         return e2m1(code) * (f8e4m3(s) * w.global[0]);
+    } else if constexpr (KIND == DT_FP8) {
+        // The f32 product transformers dequantizes to (and vt-cpu computes).
+        int scale_cols = (w.k + w.block[1] - 1) / w.block[1];
+        float s = ((const float*)w.scales)[(row / w.block[0]) * scale_cols + j / w.block[1]];
+        return f8e4m3(((const unsigned char*)w.data)[row * w.k + j]) * s;
     } else {
         return ld((const void*)w.data, KIND, row * (long long)w.k + j);
     }
@@ -159,6 +167,7 @@ __device__ float warp_row_dot(const WeightDesc& w, long long row, const float* x
         case DT_BF16: return warp_row_dot_of<DT_BF16>(w, row, x);
         case DT_F16: return warp_row_dot_of<DT_F16>(w, row, x);
         case DT_NVFP4: return warp_row_dot_of<DT_NVFP4>(w, row, x);
+        case DT_FP8: return warp_row_dot_of<DT_FP8>(w, row, x);
         default: return warp_row_dot_of<DT_F32>(w, row, x);
     }
 }

@@ -20,6 +20,7 @@ shared! {
     DT_BF16: i32 = 1;
     DT_F16: i32 = 2;
     DT_NVFP4: i32 = 3;
+    DT_FP8: i32 = 4;
     /// Sequences one launch of a batched decode kernel serves (the length of its by-value
     /// `SeqPtrs` and `SeqInts`); larger batches take several launches.
     SEQ_MAX: usize = 64;

@@ -11,8 +11,8 @@
 
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Expert, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts, NormKind,
-    Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
+    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts,
+    NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
@@ -50,6 +50,7 @@ enum HostWeight {
     Bf16 { n: usize, k: usize, v: Vec<f32> },
     F32 { n: usize, k: usize, v: Vec<f32> },
     Nvfp4 { n: usize, k: usize, codes: Vec<u8>, scales: Vec<u8>, global: f32 },
+    Fp8 { n: usize, k: usize, values: Vec<u8>, scales: Vec<f32>, block: [usize; 2] },
 }
 
 impl HostWeight {
@@ -64,11 +65,20 @@ impl HostWeight {
         let scales = r.bytes(n * k / 16).into_iter().map(|b| 0x20 + (b & 0x1f)).collect();
         HostWeight::Nvfp4 { n, k, codes: r.bytes(n * k / 2), scales, global: 0.37 }
     }
+    /// e4m3 values in [2^-3, 2^3) in magnitude (no NaN codes), one f32 scale per `block`
+    /// (partial blocks where it does not divide the shape) of about 1 / (2 sqrt(k)).
+    fn fp8(r: &mut Rng, n: usize, k: usize, block: [usize; 2]) -> Self {
+        let values = r.bytes(n * k).into_iter().map(|b| (b & 0x87) | ((4 + (b >> 3) % 6) << 3)).collect();
+        let blocks = n.div_ceil(block[0]) * k.div_ceil(block[1]);
+        let scales = (0..blocks).map(|_| (1.5 + r.f32()) / (4.0 * (k as f32).sqrt())).collect();
+        HostWeight::Fp8 { n, k, values, scales, block }
+    }
     fn name(&self) -> &'static str {
         match self {
             HostWeight::Bf16 { .. } => "bf16",
             HostWeight::F32 { .. } => "f32",
             HostWeight::Nvfp4 { .. } => "nvfp4",
+            HostWeight::Fp8 { .. } => "fp8",
         }
     }
     fn upload<B: Backend>(&self, b: &B) -> Weight<B> {
@@ -79,6 +89,13 @@ impl HostWeight {
                 codes: b.upload(DType::F4x2, &[*n, *k], codes).unwrap(),
                 scales: b.upload(DType::F8E4M3, &[*n, *k / 16], scales).unwrap(),
                 global_scale: *global,
+            }),
+            HostWeight::Fp8 { n, k, values, scales, block } => Weight::Fp8(Fp8Block {
+                values: b.upload(DType::F8E4M3, &[*n, *k], values).unwrap(),
+                scales: b
+                    .upload(DType::F32, &[n.div_ceil(block[0]), k.div_ceil(block[1])], bytemuck_f32(scales))
+                    .unwrap(),
+                block: *block,
             }),
         }
     }
@@ -240,7 +257,10 @@ fn linear_every_weight_format() {
             assert!(err.to_string().contains("72"), "{err}");
         }
         let nvfp4 = (k % 16 == 0).then(|| HostWeight::nvfp4(&mut r, n, k));
-        for hw in [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k)].into_iter().chain(nvfp4) {
+        // FP8 in Qwen's 128 x 128 blocks (partial here) and in blocks that split every shape.
+        let fp8 = [[128, 128], [16, 48]].map(|block| HostWeight::fp8(&mut r, n, k, block));
+        let dense = [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k)];
+        for hw in dense.into_iter().chain(nvfp4).chain(fp8) {
             for t in [1, 37, 111] {
                 let x = r.vec(t * k, 2.0);
                 on_both!(gpu, &format!("linear {} [{n}, {k}] t={t}", hw.name()), U, |b| {
@@ -305,9 +325,10 @@ fn moe_every_router_and_expert_format() {
     let x = r.vec(t * h, 2.0);
     let router_w = HostWeight::bf16(&mut r, n_exp, h);
     let bias = r.vec(n_exp, 0.1);
-    for format in ["bf16", "nvfp4"] {
+    for format in ["bf16", "nvfp4", "fp8"] {
         let experts = host_experts(&mut r, format, n_exp, h, inter);
-        // Both formats take the grouped prefill path, which rounds the SwiGLU activations to bf16.
+        // bf16 and NVFP4 take the grouped prefill path, which rounds the SwiGLU activations to
+        // bf16; FP8 the general kernels (f32 activations).
         let bound = 2.0 * U;
         for kind in &kinds {
             on_both!(gpu, &format!("moe {format} {kind:?}"), bound, |b| {
@@ -356,11 +377,13 @@ fn every_routing_ranks_a_nan_choice_last() {
     }
 }
 
-/// `n_exp` experts' (gate, up, down) in `format` ("bf16" or "nvfp4").
+/// `n_exp` experts' (gate, up, down) in `format` ("bf16", "nvfp4" or "fp8": blocks of 24 x 40,
+/// partial in both dimensions of every fixture shape).
 fn host_experts(r: &mut Rng, format: &str, n_exp: usize, h: usize, inter: usize) -> Vec<[HostWeight; 3]> {
     let weight = |r: &mut Rng, n, k| match format {
         "bf16" => HostWeight::bf16(r, n, k),
-        _ => HostWeight::nvfp4(r, n, k),
+        "nvfp4" => HostWeight::nvfp4(r, n, k),
+        _ => HostWeight::fp8(r, n, k, [24, 40]),
     };
     (0..n_exp).map(|_| [weight(r, inter, h), weight(r, inter, h), weight(r, h, inter)]).collect()
 }
@@ -611,7 +634,8 @@ fn moe_block_decode_every_router_format_and_shared_expert() {
     ] {
         let router_w = HostWeight::bf16(&mut r, n_exp, h);
         let (bias, gate_w) = (r.vec(n_exp, 0.1), HostWeight::bf16(&mut r, 1, h));
-        for format in ["bf16", "nvfp4"] {
+        // FP8 experts take the composed ops (the general MoE and linear kernels).
+        for format in ["bf16", "nvfp4", "fp8"] {
             let experts = host_experts(&mut r, format, n_exp, h, inter);
             let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
             for kind in &kinds {

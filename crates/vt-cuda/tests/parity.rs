@@ -1,5 +1,5 @@
 //! End-to-end CUDA (bf16 activations) against the Hugging Face f32 reference on every committed
-//! fixture (bf16 and NVFP4 alike): logits of one full forward, prefill-then-decode logits, and
+//! fixture (bf16, NVFP4 and FP8 alike): logits of one full forward, prefill-then-decode logits, and
 //! greedy continuations; CUDA against the CPU reference is printed beside them.
 //!
 //! The bound. bf16 keeps 8 significant bits: every activation the GPU stores carries a relative
