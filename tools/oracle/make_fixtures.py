@@ -593,25 +593,11 @@ def qwen35moe_fp8(d, seed=51):
     in_proj_a/b in e4m3 with [32, 32] block scales. The experts' intermediate size 48 gives partial
     blocks in both dimensions (gate/up rows, down inputs); hidden 64 and the attention widths whole ones.
     The reference is transformers (f32) on transformers' own dequantization of the stored values."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    from transformers import Qwen3_5MoeForCausalLM
 
     t0 = time.time()
     block = (32, 32)
-    layer_types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-    cfg = Qwen3_5MoeTextConfig(
-        vocab_size=256, hidden_size=64, num_hidden_layers=4, layer_types=layer_types,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=48,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
-                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        eos_token_id=255,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(cfg).eval()
-    randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    model, layer_types = tiny_quantized_qwen35moe(seed, moe_intermediate=48)
     # Qwen's lists name every module in full; a suffix and a regex entry exercise transformers' other rules.
     skip = ["lm_head", "model.embed_tokens", "mlp.shared_expert_gate", r"model\.layers\.\d+\.mlp\.gate"]
     skip += [f"model.layers.{i}.linear_attn.in_proj_{x}" for i, t in enumerate(layer_types) if t == "linear_attention"
@@ -705,19 +691,19 @@ def write_json(path, obj):
         fh.write(json.dumps(obj, indent=2) + "\n")
 
 
-def qwen35moe_nvfp4(d, seed=41):
-    # Experts and shared expert quantized, selected the way llm-compressor recipes do: class target
-    # `Linear` minus an ignore list of plain names and `re:` patterns.
+def tiny_quantized_qwen35moe(seed, moe_intermediate):
+    """The quantized fixtures' Qwen3.5-MoE: 4 layers (GDN, attention, GDN, attention), 8 experts of
+    `moe_intermediate`, random f32 weights. Returns (model, layer_types)."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    t0 = time.time()
     layer_types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
     cfg = Qwen3_5MoeTextConfig(
         vocab_size=256, hidden_size=64, num_hidden_layers=4, layer_types=layer_types,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_conv_kernel_dim=4,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=moe_intermediate,
+        shared_expert_intermediate_size=moe_intermediate,
         rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True},
@@ -726,6 +712,16 @@ def qwen35moe_nvfp4(d, seed=41):
     torch.manual_seed(seed)
     model = Qwen3_5MoeForCausalLM(cfg).eval()
     randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    return model, layer_types
+
+
+def qwen35moe_nvfp4(d, seed=41):
+    # Experts and shared expert quantized, selected the way llm-compressor recipes do: class target
+    # `Linear` minus an ignore list of plain names and `re:` patterns.
+    from transformers import Qwen3_5MoeForCausalLM
+
+    t0 = time.time()
+    model, layer_types = tiny_quantized_qwen35moe(seed, moe_intermediate=32)
     ignore = ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*linear_attn\..*", r"re:.*self_attn\..*"]
     exclude = ["lm_head", "*mlp.gate", "*shared_expert_gate", "*linear_attn*", "*self_attn*"]
     return _nvfp4(d, seed, Qwen3_5MoeForCausalLM, model, 64, 12, layer_list(layer_types), ["Linear"], ignore, exclude,
