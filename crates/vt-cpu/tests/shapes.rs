@@ -1,7 +1,7 @@
 //! Ops given tensors whose shapes disagree return an error naming the shapes; they never panic.
 
 use vt_core::backend::prelude::*;
-use vt_core::{AttentionParams, DType, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
+use vt_core::{AttentionParams, DType, Fp8Block, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
 use vt_cpu::CpuBackend;
 
 fn zeros(b: &CpuBackend, shape: &[usize]) -> vt_core::Tensor<CpuBackend> {
@@ -58,4 +58,36 @@ fn linear_refuses_malformed_nvfp4_weights() {
         assert!(err.contains(want), "{err}");
     }
     assert!(Linear::new(&b, nvfp4(64, 4, 1.0)).is_ok());
+}
+
+#[test]
+fn linear_refuses_malformed_fp8_weights() {
+    let b = CpuBackend::new();
+    let (n, k) = (40, 72);
+    let fp8 = |block: [usize; 2], scales: [usize; 2], dtype: DType| {
+        let values = b.upload(DType::F8E4M3, &[n, k], &vec![0x38; n * k]).unwrap();
+        let bytes = vec![0; dtype.bytes_for(scales[0] * scales[1]).unwrap()];
+        Weight::Fp8(Fp8Block { values, scales: b.upload(dtype, &scales, &bytes).unwrap(), block })
+    };
+    // Kernels index scales by (row / bn, input / bk) over ceil(n / bn) x ceil(k / bk) blocks: a
+    // table without the partial blocks, one of another dtype, or a zero block side is refused
+    // before any op sees the weight.
+    for (block, scales, dtype, want) in [
+        ([32, 32], [1, 2], DType::F32, "[2, 3]"),
+        ([32, 32], [2, 3], DType::BF16, "BF16"),
+        ([0, 32], [1, 3], DType::F32, "zero side"),
+    ] {
+        let err = Linear::new(&b, fp8(block, scales, dtype)).err().expect("malformed FP8 refused").to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    // Every value 1.0 (e4m3 0x38); block scales 1, 2, 4 for rows 0..32 and 8, 16, 32 for the
+    // partial block of rows 32..40, over inputs in blocks of 32, 32 and a partial 8. With inputs
+    // 0.5: 0.5 * (32 * 1 + 32 * 2 + 8 * 4) = 64 and 0.5 * (32 * 8 + 32 * 16 + 8 * 32) = 512, exact.
+    let scales: Vec<u8> = [1.0f32, 2.0, 4.0, 8.0, 16.0, 32.0].iter().flat_map(|s| s.to_le_bytes()).collect();
+    let values = b.upload(DType::F8E4M3, &[n, k], &vec![0x38; n * k]).unwrap();
+    let scales = b.upload(DType::F32, &[2, 3], &scales).unwrap();
+    let w = Linear::new(&b, Weight::Fp8(Fp8Block { values, scales, block: [32, 32] })).unwrap();
+    let y = b.to_f32(&b.linear(&zeros(&b, &[3, k]), &w).unwrap()).unwrap();
+    let row: Vec<f32> = (0..n).map(|r| if r < 32 { 64.0 } else { 512.0 }).collect();
+    assert_eq!(y, row.repeat(3));
 }
