@@ -33,14 +33,6 @@ impl<B: Device> Weight<B> {
         }
     }
 
-    /// The quantized form, `None` for a dense weight.
-    pub fn quantized(&self) -> Option<&dyn Quantized<B>> {
-        match self.form() {
-            Form::Dense(_) => None,
-            Form::Quantized(q) => Some(q),
-        }
-    }
-
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
         match self.form() {
