@@ -15,8 +15,8 @@ pub mod tensor;
 pub mod weights;
 
 pub use backend::{
-    argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep, KvOps,
-    MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording,
+    argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep,
+    KvGrowth, KvOps, MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, Linear, MemoryStats, MoeExperts, NormKind, Result,
-    Rope, Router, Tensor,
+    AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, KvGrowth, Linear, MemoryStats, MoeExperts, NormKind,
+    Result, Rope, Router, Tensor,
 };
 
 pub use alloc::{AllocMode, CpuBuffer};
@@ -51,6 +51,11 @@ impl CpuBackend {
         let mut buf = CpuBuffer::new(&self.alloc, data.len() * 4)?;
         buf.f32s_mut().copy_from_slice(data);
         Ok(Tensor::from_parts(buf, DType::F32, shape.to_vec()))
+    }
+
+    /// The experts' table (ops/moe.rs), built into their resident slot on first use.
+    fn expert_table<'e>(&self, experts: &'e MoeExperts<Self>) -> Result<&'e CpuExpertTable> {
+        experts.resident.get_or_try_init(self, || ops::moe::build_table(&self.alloc, experts))
     }
 }
 
@@ -316,10 +321,14 @@ impl Ops for CpuBackend {
         })?;
         let logits = self.linear(x, &router.weight)?;
         let bias = router.correction_bias.as_ref().map(|b| small_f32(b, "moe")).transpose()?;
-        let table = experts.resident.get_or_try_init(self, || ops::moe::build_table(&self.alloc, experts))?;
+        let table = self.expert_table(experts)?;
         let out =
             ops::moe::moe(f32s(x, "moe")?, x.rows(), logits.buffer().f32s(), router, bias.as_deref(), experts, table);
         self.f32_tensor(x.shape(), &out)
+    }
+
+    fn prepare_experts(&self, experts: &MoeExperts<Self>) -> Result<()> {
+        self.expert_table(experts).map(|_| ())
     }
 }
 
@@ -334,6 +343,10 @@ impl KvOps for CpuBackend {
     fn kv_clear(&self, cache: &mut CpuKvCache) -> Result<()> {
         cache.clear();
         Ok(())
+    }
+
+    fn kv_growth(&self) -> KvGrowth {
+        KvGrowth::Blocks { block: KV_BLOCK }
     }
 
     fn attention(

@@ -6,8 +6,8 @@ use cudarc::driver::result;
 use half::bf16;
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MemoryStats, MoeExperts, NormKind,
-    Result, Rope, Router, SharedExpert, Tensor,
+    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvGrowth, Linear, MemoryStats, MoeExperts,
+    NormKind, Result, Rope, Router, SharedExpert, Tensor,
 };
 
 use crate::alloc::CudaBuffer;
@@ -155,6 +155,10 @@ impl Ops for CudaBackend {
         }
         moe::general::moe(self, x, router, experts)
     }
+
+    fn prepare_experts(&self, experts: &MoeExperts<Self>) -> Result<()> {
+        moe::expert_table(self, experts).map(|_| ())
+    }
 }
 
 impl KvOps for CudaBackend {
@@ -163,6 +167,10 @@ impl KvOps for CudaBackend {
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
         check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
         Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
+    }
+
+    fn kv_growth(&self) -> KvGrowth {
+        KvGrowth::Doubling { min: crate::kv::MIN_ROWS }
     }
 
     fn kv_clear(&self, cache: &mut CudaKvCache) -> Result<()> {

@@ -12,6 +12,9 @@ use crate::alloc::{Allocator, CudaBuffer};
 use crate::capture::RecordedCache;
 use crate::error::driver_err;
 
+/// Fewest rows a full-attention cache allocates.
+pub(crate) const MIN_ROWS: usize = 16;
+
 pub struct CudaKvCache {
     alloc: Arc<Allocator>,
     pub(crate) kv_heads: usize,
@@ -75,7 +78,7 @@ impl CudaKvCache {
         if !self.fits(rows) {
             let cap = match self.window {
                 Some(w) => w,
-                None => rows.max(self.capacity * 2).max(16),
+                None => rows.max(self.capacity * 2).max(MIN_ROWS),
             };
             let k = CudaBuffer::new(&self.alloc, cap * self.row_bytes())?;
             let v = CudaBuffer::new(&self.alloc, cap * self.row_bytes())?;

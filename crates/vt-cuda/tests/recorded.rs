@@ -75,7 +75,7 @@ fn a_recording_serves_only_the_model_that_made_it() {
     let (mut rs, mut ps) = (a.new_state().unwrap(), a_plain.new_state().unwrap());
     a.forward(&[1, 2, 3, 4], &mut rs, Logits::Last).unwrap();
     a_plain.forward(&[1, 2, 3, 4], &mut ps, Logits::Last).unwrap();
-    // Three steps of model a: the first unrecorded, then recorded and replayed.
+    // Three steps of model a: recorded at the first, then replayed.
     for id in [5, 6, 7] {
         let got = b.to_f32(&a.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
         assert_eq!(got, b.to_f32(&a_plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap());
@@ -89,11 +89,11 @@ fn a_recording_serves_only_the_model_that_made_it() {
     assert_eq!(rs.recordings(), 2, "b records its own step");
 }
 
-/// Once one sequence's single-token step has run unrecorded, the weights' derived state is built:
-/// a second sequence of the same model records at its first decode step, and computes what the
+/// The weights' derived state is built before recording (`Model::prepare`), so every sequence,
+/// the model's first included, records at its first decode step and computes what the
 /// unrecorded steps compute.
 #[test]
-fn a_later_sequence_records_at_its_first_decode_step() {
+fn every_sequence_records_at_its_first_decode_step() {
     let b = CudaBackend::new().unwrap();
     let ckpt = Checkpoint::open(&fixture("qwen35moe_text")).unwrap();
     let model = |recorded| {
@@ -102,17 +102,19 @@ fn a_later_sequence_records_at_its_first_decode_step() {
         m
     };
     let (m, plain) = (model(true), model(false));
-    let mut first = m.new_state().unwrap();
-    m.forward(&[1, 2, 3], &mut first, Logits::Last).unwrap();
-    m.forward(&[4], &mut first, Logits::Last).unwrap();
-    assert_eq!(first.recordings(), 0, "the model's first single-token step runs unrecorded");
-    let (mut rs, mut ps) = (m.new_state().unwrap(), plain.new_state().unwrap());
-    m.forward(&[5, 6], &mut rs, Logits::Last).unwrap();
-    plain.forward(&[5, 6], &mut ps, Logits::Last).unwrap();
-    for id in [7, 8, 9] {
-        let got = b.to_f32(&m.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
-        assert_eq!(got, b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap(), "token {id}");
-        assert_eq!(rs.recordings(), 1, "recorded at the sequence's first decode step, then replayed");
+    // The first sequence's prompt is one token: the model's first step records, before any op
+    // has built the expert tables (prepare builds them).
+    assert!(m.moe_experts().all(|e| e.resident.is_empty()), "nothing derived before the first step");
+    for prompt in [&[1][..], &[5, 6]] {
+        let (mut rs, mut ps) = (m.new_state().unwrap(), plain.new_state().unwrap());
+        let got = b.to_f32(&m.forward(prompt, &mut rs, Logits::Last).unwrap()).unwrap();
+        assert_eq!(got, b.to_f32(&plain.forward(prompt, &mut ps, Logits::Last).unwrap()).unwrap(), "{prompt:?}");
+        for id in [7, 8, 9] {
+            let got = b.to_f32(&m.forward(&[id], &mut rs, Logits::Last).unwrap()).unwrap();
+            assert_eq!(got, b.to_f32(&plain.forward(&[id], &mut ps, Logits::Last).unwrap()).unwrap(), "token {id}");
+            assert_eq!(rs.recordings(), 1, "recorded at the sequence's first decode step, then replayed");
+            assert!(rs.recording_error().is_none(), "{:?}", rs.recording_error());
+        }
     }
 }
 
@@ -128,8 +130,7 @@ fn a_reset_state_replays_its_recording_for_the_next_sequence() {
     for dir in all_fixtures() {
         let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
         let mut rs = recorded.new_state().unwrap();
-        // The first sequence: its first decode step runs unrecorded (the model's first), the
-        // second records, the third replays.
+        // The first sequence: its first decode step records, the next two replay.
         recorded.forward(&prompt, &mut rs, Logits::Last).unwrap();
         for id in [1, 2, 3] {
             recorded.forward(&[id], &mut rs, Logits::Last).unwrap();

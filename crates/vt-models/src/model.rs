@@ -12,7 +12,7 @@ mod moe;
 mod state;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{Backend, Error, Linear, MoeExperts, Result, Tensor};
@@ -21,7 +21,7 @@ use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
 pub use batch::{decode_first, Logits};
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
-pub use state::SeqState;
+pub use state::{SeqState, StateBytes};
 
 /// Source of model ids. An id only tells models apart (a sequence's recorded step belongs to the
 /// model that recorded it); nothing is keyed by it.
@@ -39,10 +39,6 @@ pub struct Model<B: Backend> {
     lm_head: Option<Linear<B>>,
     /// Whether single-token steps of one sequence run as recorded steps where the backend records.
     record_decode: bool,
-    /// Set once a single-token step of one sequence has run unrecorded on this model: its weights
-    /// have built the derived state decode uses, so any sequence's single-token step may record (a
-    /// recorder must not build it). That state belongs to the weights, not to a sequence.
-    decode_state_built: AtomicBool,
 }
 
 impl<B: Backend> Model<B> {
@@ -84,17 +80,7 @@ impl<B: Backend> Model<B> {
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(Model {
-            id,
-            backend: backend.clone(),
-            spec,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            record_decode: true,
-            decode_state_built: AtomicBool::new(false),
-        })
+        Ok(Model { id, backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -121,6 +107,14 @@ impl<B: Backend> Model<B> {
             Ffn::Moe(m) => Some(&m.experts),
             Ffn::Dense(_) => None,
         })
+    }
+
+    /// Builds now the state the backend derives from the weights for a single-token step (expert
+    /// tables), which their first use would build otherwise. Recording a step does this first (a
+    /// recorder cannot build it); a server may call it after loading so that its first request
+    /// does not wait for it. Built state is kept: later calls cost a check per MoE layer.
+    pub fn prepare(&self) -> Result<()> {
+        self.moe_experts().try_for_each(|e| self.backend.prepare_experts(e))
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or

@@ -2,9 +2,10 @@
 //! (continuous batching); each step runs every decoding sequence's next token plus chunks of
 //! prompts (chunked prefill) within a token limit, through one batched forward.
 //!
-//! Admission reserves each sequence's worst-case state (KV blocks for prompt + max tokens, capped
-//! at a sliding window; linear-attention state) against the memory budget, so a running sequence
-//! never runs out of memory mid-generation; requests wait until reservations are given back.
+//! Admission reserves each sequence's worst-case state (`Model::state_bytes` at prompt + max
+//! tokens: KV caches as the backend grows them, capped at a sliding window; linear-attention
+//! state) against the memory budget, so a running sequence never runs out of memory
+//! mid-generation; requests wait until reservations are given back.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,13 +13,9 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use vt_core::{Backend, Error};
-use vt_models::spec::MixerSpec;
-use vt_models::{Model, ModelSpec, SeqState};
+use vt_models::{Model, ModelSpec, SeqState, StateBytes};
 
 use crate::sampling::{Sampler, SamplingParams};
-
-/// Positions per KV block the memory estimate assumes (vt-cpu's `KV_BLOCK`).
-const KV_BLOCK: usize = 16;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -112,29 +109,11 @@ impl CancelToken {
 #[derive(Clone)]
 struct Limits {
     spec: ModelSpec,
-    act_bytes: usize,
+    state_bytes: StateBytes,
     config: EngineConfig,
 }
 
 impl Limits {
-    /// Bytes of state a sequence holds at `tokens` positions.
-    fn state_bytes(&self, tokens: usize) -> usize {
-        let act = self.act_bytes;
-        self.spec
-            .layers
-            .iter()
-            .map(|l| match &l.mixer {
-                MixerSpec::Attention(a) => {
-                    let held = a.window.map_or(tokens, |w| tokens.min(w + 2 * KV_BLOCK));
-                    held.div_ceil(KV_BLOCK) * KV_BLOCK * 2 * a.kv_heads * a.head_dim * act
-                }
-                MixerSpec::DeltaNet(g) => {
-                    g.conv_channels() * (g.conv_kernel - 1) * act + g.value_heads * g.key_dim * g.value_dim * 4
-                }
-            })
-            .sum()
-    }
-
     /// Checks a request; returns the tokens it may generate and the bytes to reserve for it.
     fn admit(&self, req: &Request) -> Result<(usize, usize), SubmitError> {
         let invalid = |m: String| Err(SubmitError::Invalid(Error::input(m)));
@@ -153,7 +132,7 @@ impl Limits {
         }
         req.sampling.validate().map_err(SubmitError::Invalid)?;
         let gen = req.max_tokens.min(ctx - req.prompt.len());
-        let bytes = self.state_bytes(req.prompt.len() + gen);
+        let bytes = self.state_bytes.at(req.prompt.len() + gen);
         match self.config.memory_budget {
             Some(budget) if bytes > budget => {
                 invalid(format!("the request needs {bytes} bytes of sequence state; the memory budget is {budget}"))
@@ -218,11 +197,7 @@ impl<B: Backend> Engine<B> {
         // A step must be able to make progress.
         config.max_batch_tokens = config.max_batch_tokens.max(1);
         config.max_seqs = config.max_seqs.max(1);
-        let limits = Limits {
-            spec: model.spec().clone(),
-            act_bytes: model.backend().activation_dtype().bytes_for(1).unwrap_or(4),
-            config,
-        };
+        let limits = Limits { spec: model.spec().clone(), state_bytes: model.state_bytes(), config };
         Engine {
             model,
             limits,

@@ -23,7 +23,7 @@ mod record;
 pub use composed::{argmax, stack_rows};
 pub use device::{Device, MemoryStats};
 pub use fused::{FusedOps, GdnState, GdnStep, SharedExpert};
-pub use kv::{AttentionParams, KvOps};
+pub use kv::{AttentionParams, KvGrowth, KvOps};
 pub use ops::{GateAct, GdnDims, GdnInputs, GdnMode, NormKind, Ops, Rope};
 pub use record::StepRecording;
 

@@ -169,4 +169,11 @@ pub trait Ops: Device {
 
     /// Routed experts of one MoE layer for `x` `[t, hidden]` (no shared expert).
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>>;
+    /// Builds now, in `experts.resident`, the state this backend's MoE ops derive from the experts
+    /// for a single-token step (their first call would build it): a recorder cannot build it, so
+    /// it must be built before a step is recorded. Default: nothing is derived.
+    fn prepare_experts(&self, experts: &MoeExperts<Self>) -> Result<()> {
+        let _ = experts;
+        Ok(())
+    }
 }

@@ -3,8 +3,6 @@
 //! reads its weights once per step, while attention and the delta rule run each sequence over
 //! its own state.
 
-use std::sync::atomic::Ordering;
-
 use vt_core::backend::stack_rows;
 use vt_core::{Backend, Error, Result, Tensor};
 
@@ -66,11 +64,7 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
-        let logits = self.run_on(&self.backend, seqs, which)?;
-        if let [(&[_], _)] = seqs {
-            self.decode_state_built.store(true, Ordering::Release);
-        }
-        Ok(logits)
+        self.run_on(&self.backend, seqs, which)
     }
 
     /// The forward pass of `seqs` on `b` (the model's backend, or a recorder of it); logits come

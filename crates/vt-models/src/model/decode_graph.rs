@@ -3,8 +3,6 @@
 //! launch instead of one per op. Replays compute exactly what the unrecorded step computes: the
 //! same kernels over the same memory, with the token id and position read from device memory.
 
-use std::sync::atomic::Ordering;
-
 use vt_core::{Backend, Result, Tensor};
 
 use super::state::{LayerState, Recorded, SeqState};
@@ -12,7 +10,7 @@ use super::{Logits, Model};
 
 /// Positions reserved in every KV cache before recording: a recording replays until a cache is
 /// full, so a sequence records again at most every this many steps (later, as caches double).
-const RESERVE_AHEAD: usize = 256;
+pub(super) const RESERVE_AHEAD: usize = 256;
 
 /// A sequence's recorded step, the model it runs (its weights are in the recording), and where its
 /// replays leave the logits (the recording's memory).
@@ -35,11 +33,6 @@ impl<B: Backend> Model<B> {
         // Another model's recording runs that model's weights: this one records its own.
         if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
             state.recorded = Recorded::None;
-        }
-        // This model's first single-token step (on any sequence) runs unrecorded: it builds the
-        // weights' derived state that decode uses (a recorder must not).
-        if !self.decode_state_built.load(Ordering::Acquire) {
-            return Ok(None);
         }
         if matches!(state.recorded, Recorded::None) {
             match self.record(id, state) {
@@ -78,6 +71,8 @@ impl<B: Backend> Model<B> {
     /// record. The recording has not run: `state` is left as it was (caches reserved ahead).
     fn record(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<RecordedStep<B>>> {
         let b = &self.backend;
+        // The weights' derived state is built outside the recording (a recorder cannot build it).
+        self.prepare()?;
         let Some(recorder) = b.recorder(1, state.pos)? else { return Ok(None) };
         for layer in &mut state.layers {
             if let LayerState::Attention(cache) = layer {

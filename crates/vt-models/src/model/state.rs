@@ -1,9 +1,9 @@
 //! A sequence's state: per layer its KV cache or its convolution and recurrent states, its
 //! length, and its recorded decode step.
 
-use vt_core::{Backend, Error, Result, Tensor};
+use vt_core::{Backend, Error, KvGrowth, Result, Tensor};
 
-use super::decode_graph::RecordedStep;
+use super::decode_graph::{RecordedStep, RESERVE_AHEAD};
 use super::layer::Mixer;
 use super::Model;
 
@@ -55,7 +55,52 @@ impl<B: Backend> SeqState<B> {
     }
 }
 
+/// What one sequence's state costs in bytes on a model's backend, before it exists: a fixed part
+/// and the KV caches, which grow with its positions as the backend grows them (`at`). The engine
+/// reserves memory by it. A recorded decode step's own scratch (one step's activations) is not
+/// counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateBytes {
+    /// Held whatever the length: every Gated DeltaNet layer's convolution and recurrent states.
+    pub fixed: usize,
+    /// Per attention layer: bytes of keys and values per position held, and its sliding window.
+    pub kv_layers: Vec<(usize, Option<usize>)>,
+    /// How the backend's KV caches grow.
+    pub growth: KvGrowth,
+    /// Positions a recorded decode step reserves ahead in each cache (0 where steps are not
+    /// recorded).
+    pub reserve_ahead: usize,
+}
+
+impl StateBytes {
+    /// The most bytes a sequence's state holds once it has seen `tokens` positions.
+    pub fn at(&self, tokens: usize) -> usize {
+        let kv = self.kv_layers.iter().map(|&(per_position, window)| {
+            per_position * self.growth.positions_held(window, tokens, self.reserve_ahead)
+        });
+        self.fixed + kv.sum::<usize>()
+    }
+}
+
 impl<B: Backend> Model<B> {
+    /// What a sequence's state (`new_state`) costs on this model's backend.
+    pub fn state_bytes(&self) -> StateBytes {
+        let b = &self.backend;
+        let act = b.activation_dtype().bytes_for(1).unwrap_or(4);
+        let (mut fixed, mut kv_layers) = (0, Vec::new());
+        for layer in &self.layers {
+            match &layer.mixer {
+                Mixer::Attention(a) => kv_layers.push((2 * a.spec.kv_heads * a.spec.head_dim * act, a.spec.window)),
+                Mixer::DeltaNet(d) => {
+                    let s = &d.spec;
+                    fixed += s.conv_channels() * (s.conv_kernel - 1) * act + s.value_heads * s.key_dim * s.value_dim * 4
+                }
+            }
+        }
+        let reserve_ahead = if self.record_decode { RESERVE_AHEAD } else { 0 };
+        StateBytes { fixed, kv_layers, growth: b.kv_growth(), reserve_ahead }
+    }
+
     /// A fresh, empty sequence.
     pub fn new_state(&self) -> Result<SeqState<B>> {
         let b = &self.backend;

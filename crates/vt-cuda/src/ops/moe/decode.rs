@@ -10,7 +10,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Weight};
 
 use super::routing::RouteArgs;
-use super::table::build_table;
+use super::table::expert_table;
 
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::err;
@@ -125,7 +125,7 @@ pub(crate) fn moe_block(
     let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
     let top_k = router.kind.top_k();
     let px = act(x, "moe_block")?;
-    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?.descs();
+    let table = expert_table(b, experts)?.descs();
 
     let ra = RouteArgs::new(router, n_exp, "moe_block")?;
     let router_desc = WeightDesc::of(&router.weight.weight, "moe_block")?;

@@ -7,7 +7,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router};
 
 use super::routing::RouteArgs;
-use super::table::build_table;
+use super::table::expert_table;
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::check;
 use crate::launch::{act, i32_of, launched, MAX_SHARED};
@@ -41,7 +41,7 @@ pub(crate) fn moe(
         || format!("hidden {h}, intermediate {inter}, {n_exp} experts exceed the simple kernels' limits"),
     )?;
     let ra = RouteArgs::new(router, n_exp, op)?;
-    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
+    let table = expert_table(b, experts)?;
     let px = act(x, op)?;
     let t = x.rows();
     let slots = t * top_k;

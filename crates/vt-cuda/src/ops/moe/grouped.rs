@@ -13,7 +13,7 @@ use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router, Weight};
 
 use super::routing::RouteArgs;
-use super::table::build_table;
+use super::table::expert_table;
 
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::driver_err;
@@ -68,7 +68,7 @@ pub(crate) fn moe(
     let (t, px) = (x.rows(), act(x, op)?);
     let slots = t * top_k;
     let ra = RouteArgs::new(router, n_exp, op)?;
-    let table = experts.resident.get_or_try_init(b, || build_table(b, experts))?;
+    let table = expert_table(b, experts)?;
     // NVFP4 experts run the W4A16 kernels over the repacked copies, with the same arguments.
     let (table, gate_up, down, threads, shared, tile_rows) = if is_nvfp4(&experts.experts[0].gate) {
         let (gu, dn) = (&b.k().moe_w4_gate_up, &b.k().moe_w4_down);

@@ -9,6 +9,7 @@ pub(crate) mod grouped;
 mod routing;
 mod table;
 
+pub(crate) use table::expert_table;
 pub use table::CudaExpertTable;
 #[cfg(test)]
 pub(crate) use {decode::mirrors as decode_mirrors, routing::mirrors as routing_mirrors};

@@ -43,7 +43,12 @@ impl CudaExpertTable {
     }
 }
 
-pub(crate) fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) -> Result<CudaExpertTable> {
+/// The experts' table, built into their resident slot on first use.
+pub(crate) fn expert_table<'e>(b: &CudaBackend, experts: &'e MoeExperts<CudaBackend>) -> Result<&'e CudaExpertTable> {
+    experts.resident.get_or_try_init(b, || build_table(b, experts))
+}
+
+fn build_table(b: &CudaBackend, experts: &MoeExperts<CudaBackend>) -> Result<CudaExpertTable> {
     let mut descs = Vec::with_capacity(experts.experts.len());
     for (e, ex) in experts.experts.iter().enumerate() {
         let [gate, up, down] = [&ex.gate, &ex.up, &ex.down].map(|w| WeightDesc::of(w, "moe"));
