@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The A/B table of tools/gpu/ab_decode.sh: each decode_bench row's time and each `vt bench` run's
-TPOT and median step, the median over rounds for side A and side B, and B / A (below 1: B is
-faster).
+TPOT and median step (and its prefill rate, from tools/gpu/ab_prefill.sh), the median over rounds
+for side A and side B, and B / A (below 1: B is faster in time; above 1: B is faster in tok/s).
 
 Lines of the input are `A | <decode_bench row>` or `A | e2e <config> | <vt bench batch line>`.
 
@@ -26,10 +26,15 @@ def samples(path):
             continue
         if rest.startswith("e2e "):
             config, _, run = rest[4:].partition(" | ")
-            for what, pattern in (("TPOT", r"TPOT\s+([\d.]+) ms"), ("median step", r"median step ([\d.]+) ms")):
+            batch = re.match(r"batch\s+(\d+)", run)
+            for what, pattern, unit in (
+                ("TPOT", r"TPOT\s+([\d.]+) ms", "ms"),
+                ("median step", r"median step ([\d.]+) ms", "ms"),
+                ("prefill", r"prefill\s+([\d.]+) tok/s", "tok/s"),
+            ):
                 m = re.search(pattern, run)
                 if m:
-                    add(f"e2e {config} {what}", side, float(m.group(1)), "ms")
+                    add(f"e2e {config} b{batch.group(1) if batch else '?'} {what}", side, float(m.group(1)), unit)
         else:
             m = re.match(r"(.*?)\s+([\d.]+) µs", rest)
             if m:
