@@ -8,6 +8,7 @@ pub mod ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use vt_core::backend::check;
 use vt_core::backend::prelude::*;
 use vt_core::{
     AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, KvGrowth, Linear, MemoryStats, MoeExperts, NormKind,
@@ -87,14 +88,6 @@ fn small_f32(t: &Tensor<CpuBackend>, op: &str) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-fn check(cond: bool, op: &str, what: impl FnOnce() -> String) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(err(format!("{op}: {}", what())))
-    }
-}
-
 impl Device for CpuBackend {
     type Buffer = CpuBuffer;
 
@@ -119,19 +112,14 @@ impl Device for CpuBackend {
     }
 
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
-        let numel: usize = shape.iter().product();
-        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || {
-            format!("{} bytes do not hold {dtype} {shape:?}", bytes.len())
-        })?;
+        check::upload(self, dtype, shape, bytes)?;
         let mut buf = CpuBuffer::new(&self.alloc, bytes.len())?;
         buf.bytes_mut().copy_from_slice(bytes);
         Ok(Tensor::from_parts(buf, dtype, shape.to_vec()))
     }
 
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
-        check(shape.iter().product::<usize>() == data.len(), "from_f32", || {
-            format!("{} values for shape {shape:?}", data.len())
-        })?;
+        check::from_f32(self, shape, data)?;
         self.f32_tensor(shape, data)
     }
 
@@ -156,41 +144,34 @@ impl Device for CpuBackend {
 
 impl Ops for CpuBackend {
     fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
-        let [vocab, hidden] = *table.shape() else {
-            return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
-        };
+        let (_, hidden) = check::embedding(self, table, ids)?;
         let row = table.dtype().bytes_for(hidden).ok_or_else(|| err("embedding: bad table dtype"))?;
-        check(table.dtype().is_float(), "embedding", || format!("table dtype {}", table.dtype()))?;
         let mut out = vec![0.0f32; ids.len() * hidden];
         for (o, &id) in out.chunks_exact_mut(hidden).zip(ids) {
             let id = id as usize;
-            check(id < vocab, "embedding", || format!("token id {id} is outside the vocabulary of {vocab}"))?;
             vt_core::dtype::decode_into(table.dtype(), &table.buffer().bytes()[id * row..(id + 1) * row], o);
         }
         self.f32_tensor(&[ids.len(), hidden], &out)
     }
 
     fn rms_norm(&self, x: &Tensor<Self>, w: &Tensor<Self>, eps: f32, kind: NormKind) -> Result<Tensor<Self>> {
+        check::rms_norm(self, x, w)?;
         let w = small_f32(w, "rms_norm")?;
-        check(x.last_dim() == w.len(), "rms_norm", || format!("input {:?} vs weight [{}]", x.shape(), w.len()))?;
         let mut out = vec![0.0; x.numel()];
         ops::norm::rms_norm(f32s(x, "rms_norm")?, &w, eps, kind, &mut out);
         self.f32_tensor(x.shape(), &out)
     }
 
     fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>> {
+        check::rms_norm_gated(self, x, z, w)?;
         let w = small_f32(w, "rms_norm_gated")?;
-        check(x.last_dim() == w.len() && x.numel() == z.numel(), "rms_norm_gated", || {
-            format!("input {:?}, gate {:?}, weight [{}]", x.shape(), z.shape(), w.len())
-        })?;
         let mut out = vec![0.0; x.numel()];
         ops::norm::rms_norm_gated(f32s(x, "rms_norm_gated")?, f32s(z, "rms_norm_gated")?, &w, eps, &mut out);
         self.f32_tensor(x.shape(), &out)
     }
 
     fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>> {
-        let (n, k) = w.weight.dims();
-        check(x.last_dim() == k, "linear", || format!("input {:?} vs weight [{n}, {k}]", x.shape()))?;
+        let (n, k) = check::linear(self, x, w)?;
         let t = x.rows();
         // SAFETY: the rows belong to `w`, borrowed for the whole call.
         let y = unsafe { ops::matmul::matmul(f32s(x, "linear")?, t, k, RowSource::of(&w.weight), n) };
@@ -200,26 +181,21 @@ impl Ops for CpuBackend {
     }
 
     fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
-        check(a.shape() == b.shape(), "add", || format!("{:?} vs {:?}", a.shape(), b.shape()))?;
+        check::same_shape(self, "add", a, b)?;
         let out: Vec<f32> = f32s(a, "add")?.iter().zip(f32s(b, "add")?).map(|(x, y)| x + y).collect();
         self.f32_tensor(a.shape(), &out)
     }
 
     fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
-        check(gate.shape() == up.shape(), "swiglu", || format!("{:?} vs {:?}", gate.shape(), up.shape()))?;
+        check::same_shape(self, "swiglu", gate, up)?;
         let out: Vec<f32> =
             f32s(gate, "swiglu")?.iter().zip(f32s(up, "swiglu")?).map(|(&g, &u)| ops::norm::silu(g) * u).collect();
         self.f32_tensor(gate.shape(), &out)
     }
 
     fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>> {
-        let (rows, width) = (x.rows(), x.last_dim());
-        let groups = g.numel() / rows.max(1);
-        check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || {
-            format!("gate {:?} does not fit input {:?}", g.shape(), x.shape())
-        })?;
+        let per = check::gate(self, x, g)?;
         let (xs, gs) = (f32s(x, "gate")?, f32s(g, "gate")?);
-        let per = width / groups;
         let f = match act {
             GateAct::Sigmoid => ops::norm::sigmoid,
             GateAct::Softplus => ops::norm::softplus,
@@ -229,8 +205,8 @@ impl Ops for CpuBackend {
     }
 
     fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        check::narrow_cols(self, x, start, len)?;
         let width = x.last_dim();
-        check(start + len <= width, "narrow_cols", || format!("columns {start}..{} of {:?}", start + len, x.shape()))?;
         let out: Vec<f32> =
             f32s(x, "narrow_cols")?.chunks_exact(width).flat_map(|r| r[start..start + len].iter().copied()).collect();
         let mut shape = x.shape().to_vec();
@@ -239,39 +215,30 @@ impl Ops for CpuBackend {
     }
 
     fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        check::slice_rows(self, x, start, len)?;
         let width = x.last_dim();
-        check(start + len <= x.rows(), "slice_rows", || format!("rows {start}..{} of {:?}", start + len, x.shape()))?;
         let data = &f32s(x, "slice_rows")?[start * width..(start + len) * width];
         self.f32_tensor(&[len, width], data)
     }
 
     fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
-        let width = parts.first().map_or(0, |p| p.last_dim());
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.numel()).sum());
+        let (rows, width) = check::concat_rows(self, parts)?;
+        let mut data = Vec::with_capacity(rows * width);
         for p in parts {
-            check(p.last_dim() == width, "concat_rows", || format!("width {} differs from {width}", p.last_dim()))?;
             data.extend_from_slice(f32s(p, "concat_rows")?);
         }
-        self.f32_tensor(&[data.len() / width.max(1), width], &data)
+        self.f32_tensor(&[rows, width], &data)
     }
 
     fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
-        let (_, heads, dim) = x.dims3("cpu", "rope")?;
-        check(rope.rotary_dim() <= dim, "rope", || format!("rotary dim {} exceeds head dim {dim}", rope.rotary_dim()))?;
+        let (_, heads, dim) = check::rope(self, x, rope)?;
         let mut out = vec![0.0; x.numel()];
         ops::rope::rope(f32s(x, "rope")?, heads, dim, start, rope, &mut out);
         self.f32_tensor(x.shape(), &out)
     }
 
     fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
-        let [channels, kernel] = *w.shape() else {
-            return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
-        };
-        check(
-            x.last_dim() == channels && kernel >= 1 && state.shape() == [channels, kernel - 1],
-            "causal_conv1d",
-            || format!("input {:?}, weight {:?}, state {:?}", x.shape(), w.shape(), state.shape()),
-        )?;
+        let (channels, kernel) = check::causal_conv1d(self, x, w, state)?;
         let w = small_f32(w, "causal_conv1d")?;
         let t = x.rows();
         let out = ops::conv::causal_conv1d_silu(
@@ -292,7 +259,7 @@ impl Ops for CpuBackend {
         mode: GdnMode,
     ) -> Result<Tensor<Self>> {
         let op = "gated_delta_rule";
-        let d = inp.dims(state, "cpu")?;
+        let d = inp.dims(self, state)?;
         let (a_log, dt_bias) = (small_f32(inp.a_log, op)?, small_f32(inp.dt_bias, op)?);
         let (q, k, v, a, b) =
             (f32s(inp.q, op)?, f32s(inp.k, op)?, f32s(inp.v, op)?, f32s(inp.a, op)?, f32s(inp.b, op)?);
@@ -305,20 +272,7 @@ impl Ops for CpuBackend {
     }
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
-        check(x.last_dim() == experts.hidden && router.weight.out_features() == experts.experts.len(), "moe", || {
-            format!(
-                "input {:?}, router [{}, {}], {} experts of hidden {}",
-                x.shape(),
-                router.weight.out_features(),
-                router.weight.in_features(),
-                experts.experts.len(),
-                experts.hidden
-            )
-        })?;
-        let top_k = router.kind.top_k();
-        check(top_k >= 1 && top_k <= experts.experts.len(), "moe", || {
-            format!("top-k {top_k} with {} experts", experts.experts.len())
-        })?;
+        check::moe(self, x, router, experts)?;
         let logits = self.linear(x, &router.weight)?;
         let bias = router.correction_bias.as_ref().map(|b| small_f32(b, "moe")).transpose()?;
         let table = self.expert_table(experts)?;
@@ -336,7 +290,7 @@ impl KvOps for CpuBackend {
     type KvCache = CpuKvCache;
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
-        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        check::window(self, "new_kv_cache", window)?;
         Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
     }
 
@@ -357,15 +311,7 @@ impl KvOps for CpuBackend {
         cache: &mut CpuKvCache,
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        let (t, q_heads, head_dim) = q.dims3("cpu", "attention")?;
-        let (tk, kv_heads, dk) = k.dims3("cpu", "attention")?;
-        check(
-            tk == t && dk == head_dim && k.shape() == v.shape() && kv_heads > 0 && q_heads % kv_heads == 0,
-            "attention",
-            || format!("q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape()),
-        )?;
-        check(params.window != Some(0), "attention", || "a sliding window of 0 positions".into())?;
-        let shape = ops::attention::AttnShape { t, q_heads, kv_heads, head_dim };
+        let shape = check::attention(self, q, k, v, params)?;
         let out = ops::attention::attention(
             f32s(q, "attention")?,
             f32s(k, "attention")?,

@@ -1,7 +1,10 @@
 //! Ops given tensors whose shapes disagree return an error naming the shapes; they never panic.
 
 use vt_core::backend::prelude::*;
-use vt_core::{AttentionParams, DType, Fp8Block, GdnInputs, GdnMode, Linear, NormKind, Nvfp4, Weight};
+use vt_core::{
+    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, NormKind, Nvfp4, Rope,
+    Router, RouterKind, Weight,
+};
 use vt_cpu::CpuBackend;
 
 fn zeros(b: &CpuBackend, shape: &[usize]) -> vt_core::Tensor<CpuBackend> {
@@ -90,4 +93,63 @@ fn linear_refuses_malformed_fp8_weights() {
     let y = b.to_f32(&b.linear(&zeros(&b, &[3, k]), &w).unwrap()).unwrap();
     let row: Vec<f32> = (0..n).map(|r| if r < 32 { 64.0 } else { 512.0 }).collect();
     assert_eq!(y, row.repeat(3));
+}
+
+/// Each op's shared argument check (vt_core::backend::check) refuses what the trait's contract
+/// rules out, naming the op and what it was given.
+#[test]
+fn ops_refuse_arguments_outside_their_contract() {
+    let b = CpuBackend::new();
+    let x = zeros(&b, &[2, 6]);
+    let expect = |r: vt_core::Result<vt_core::Tensor<CpuBackend>>, want: &[&str]| {
+        let err = r.expect_err("refused").to_string();
+        assert!(want.iter().all(|w| err.contains(w)), "{err} lacks {want:?}");
+    };
+    expect(b.gate(&x, &zeros(&b, &[2, 4]), GateAct::Sigmoid), &["gate", "[2, 4]", "[2, 6]"]);
+    expect(b.narrow_cols(&x, 4, 3), &["narrow_cols", "columns 4..7", "[2, 6]"]);
+    expect(b.narrow_cols(&x, usize::MAX, 2), &["narrow_cols", "[2, 6]"]);
+    expect(b.slice_rows(&x, 1, 2), &["slice_rows", "rows 1..3", "[2, 6]"]);
+    expect(b.concat_rows(&[&x, &zeros(&b, &[1, 5])]), &["concat_rows", "width 5 differs from 6"]);
+    expect(b.add(&x, &zeros(&b, &[6, 2])), &["add", "[2, 6] vs [6, 2]"]);
+    expect(b.embedding(&x, &[1, 2]), &["embedding", "token id 2", "vocabulary of 2"]);
+    expect(b.embedding(&zeros(&b, &[2, 3, 1]), &[0]), &["embedding", "2-D", "[2, 3, 1]"]);
+    let rope = Rope { inv_freq: vec![1.0; 4], attention_scaling: 1.0 };
+    expect(b.rope(&zeros(&b, &[1, 2, 6]), 0, &rope), &["rope", "rotary dim 8", "head dim 6"]);
+    expect(b.rope(&x, 0, &rope), &["rope", "[2, 6]"]);
+    // The convolution state must be in the activation dtype (f32 here), not merely of its shape.
+    let w = zeros(&b, &[6, 4]);
+    let mut bf16_state = b.upload(DType::BF16, &[6, 3], &[0; 36]).unwrap();
+    expect(b.causal_conv1d(&x, &w, &mut bf16_state), &["causal_conv1d", "BF16 [6, 3]"]);
+    let mut state = b.zeros(&[6, 2]).unwrap();
+    expect(b.causal_conv1d(&x, &w, &mut state), &["causal_conv1d", "weight [6, 4]", "[6, 2]"]);
+    let err = b.new_kv_cache(2, 8, Some(0)).err().expect("refused").to_string();
+    assert!(err.contains("new_kv_cache") && err.contains("window of 0"), "{err}");
+}
+
+/// An MoE layer whose router disagrees with its experts is refused before anything runs.
+#[test]
+fn moe_refuses_a_router_that_does_not_fit_its_experts() {
+    let b = CpuBackend::new();
+    let dense = |shape: &[usize]| Weight::Dense(zeros(&b, shape));
+    let experts =
+        (0..4).map(|_| Expert { gate: dense(&[3, 8]), up: dense(&[3, 8]), down: dense(&[8, 3]) }).collect::<Vec<_>>();
+    let experts = MoeExperts::new(&b, "experts", experts, 8, 3).unwrap();
+    let router = |rows: usize, kind: RouterKind, bias: Option<usize>| Router {
+        weight: Linear::new(&b, dense(&[rows, 8])).unwrap(),
+        kind,
+        correction_bias: bias.map(|n| zeros(&b, &[n])),
+    };
+    let sigmoid = |top_k, softcap| RouterKind::Sigmoid { top_k, softcap, renormalize: true, routed_scaling: 1.0 };
+    let x = zeros(&b, &[2, 8]);
+    for (r, want) in [
+        (router(5, sigmoid(2, None), None), &["moe", "router [5, 8]", "4 experts of hidden 8"][..]),
+        (router(4, sigmoid(5, None), None), &["moe", "top-k 5 with 4 experts"]),
+        (router(4, sigmoid(2, Some(-1.0)), None), &["moe", "softcap -1"]),
+        (router(4, sigmoid(2, Some(f32::NAN)), None), &["moe", "softcap NaN"]),
+        (router(4, sigmoid(2, None), Some(3)), &["moe", "correction bias F32 [3] for 4 experts"]),
+    ] {
+        let err = b.moe(&x, &r, &experts).expect_err("refused").to_string();
+        assert!(want.iter().all(|w| err.contains(w)), "{err} lacks {want:?}");
+    }
+    assert!(b.moe(&x, &router(4, sigmoid(2, Some(30.0)), Some(4)), &experts).is_ok());
 }

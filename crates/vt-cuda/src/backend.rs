@@ -4,6 +4,8 @@
 
 use cudarc::driver::result;
 use half::bf16;
+// vt-core's argument checks, as `args`: `check` here is crate::error's (this backend's own limits).
+use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvGrowth, Linear, MemoryStats, MoeExperts,
@@ -42,17 +44,12 @@ impl Device for CudaBackend {
     }
 
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
-        let numel: usize = shape.iter().product();
-        check(dtype.bytes_for(numel) == Some(bytes.len()), "upload", || {
-            format!("{} bytes do not hold {dtype} {shape:?}", bytes.len())
-        })?;
+        args::upload(self, dtype, shape, bytes)?;
         Ok(Tensor::from_parts(self.upload_slice(bytes)?, dtype, shape.to_vec()))
     }
 
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
-        check(shape.iter().product::<usize>() == data.len(), "from_f32", || {
-            format!("{} values for shape {shape:?}", data.len())
-        })?;
+        args::from_f32(self, shape, data)?;
         let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(Tensor::from_parts(self.upload_slice(&host)?, DType::BF16, shape.to_vec()))
     }
@@ -74,7 +71,7 @@ impl Device for CudaBackend {
     }
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
-        check(t.dtype().is_float(), "to_f32", || format!("expected a float tensor, found {}", t.dtype()))?;
+        args::to_f32(self, t)?;
         let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];
         self.copy_out(&mut bytes, t.buffer(), "to_f32")?;
         let mut out = vec![0.0; t.numel()];
@@ -150,6 +147,7 @@ impl Ops for CudaBackend {
     }
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
+        args::moe(self, x, router, experts)?;
         if moe::grouped::fits(x, router, experts) {
             return moe::grouped::moe(self, x, router, experts);
         }
@@ -165,7 +163,7 @@ impl KvOps for CudaBackend {
     type KvCache = CudaKvCache;
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
-        check(window != Some(0), "new_kv_cache", || "a sliding window of 0 positions".into())?;
+        args::window(self, "new_kv_cache", window)?;
         Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
     }
 
@@ -220,6 +218,7 @@ impl FusedOps for CudaBackend {
         experts: &MoeExperts<Self>,
         shared: Option<&SharedExpert<'_, Self>>,
     ) -> Result<Tensor<Self>> {
+        args::moe(self, x, router, experts)?;
         if moe::decode::fits(self, x, router, experts, shared) {
             return moe::decode::moe_block(self, x, router, experts, shared);
         }

@@ -9,10 +9,13 @@
 //!   nothing.
 //!
 //! `Backend` is their sum: generic code asks for `B: Backend` and calls any layer's methods.
+//! The arguments every method must check are checked by one function each in check.rs, which a
+//! backend calls first; it then checks only its own limits.
 //! Activations are contiguous row-major tensors of `activation_dtype()` (f32 on the CPU
 //! reference); vt-cpu's ops are the reference. Every op checks its shapes and returns an `Error`
 //! naming the mismatch, never panics.
 
+pub mod check;
 pub mod composed;
 mod device;
 mod fused;

@@ -4,7 +4,7 @@
 use super::Device;
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
-use crate::{DType, Result};
+use crate::Result;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormKind {
@@ -63,7 +63,7 @@ pub struct GdnInputs<'a, B: Device> {
     pub dt_bias: &'a Tensor<B>,
 }
 
-/// Shapes of one gated-delta-rule call (a single sequence).
+/// Shapes of one gated-delta-rule call (a single sequence), as `GdnInputs::dims` (check.rs) finds them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnDims {
     /// Tokens in this call.
@@ -76,47 +76,6 @@ pub struct GdnDims {
     pub key_dim: usize,
     /// Value head dimension (`linear_value_head_dim`).
     pub value_dim: usize,
-}
-
-impl<B: Device> GdnInputs<'_, B> {
-    /// The call's shapes, after checking every input against each other and against `state`
-    /// (f32 `[value_heads, key_dim, value_dim]`); the error names every shape involved.
-    pub fn dims(&self, state: &Tensor<B>, backend: &'static str) -> Result<GdnDims> {
-        let bad = || {
-            crate::Error::backend(
-                backend,
-                format!(
-                    "gated_delta_rule: q {:?}, k {:?}, v {:?}, a {:?}, b {:?}, a_log {:?}, dt_bias {:?}, state {} {:?}",
-                    self.q.shape(),
-                    self.k.shape(),
-                    self.v.shape(),
-                    self.a.shape(),
-                    self.b.shape(),
-                    self.a_log.shape(),
-                    self.dt_bias.shape(),
-                    state.dtype(),
-                    state.shape()
-                ),
-            )
-        };
-        let (&[t, key_heads, key_dim], &[tv, value_heads, value_dim]) = (self.q.shape(), self.v.shape()) else {
-            return Err(bad());
-        };
-        let ok = self.k.shape() == self.q.shape()
-            && tv == t
-            && key_heads > 0
-            && value_heads % key_heads == 0
-            && self.a.numel() == t * value_heads
-            && self.b.numel() == t * value_heads
-            && self.a_log.numel() == value_heads
-            && self.dt_bias.numel() == value_heads
-            && state.shape() == [value_heads, key_dim, value_dim]
-            && state.dtype() == DType::F32;
-        if !ok {
-            return Err(bad());
-        }
-        Ok(GdnDims { t, key_heads, value_heads, key_dim, value_dim })
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

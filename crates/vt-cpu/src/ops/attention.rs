@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
+use vt_core::backend::check::AttentionDims;
 use vt_core::{AttentionParams, Result};
 
 use super::rows::dot;
@@ -107,19 +108,12 @@ impl CpuKvCache {
     }
 }
 
-pub struct AttnShape {
-    pub t: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-}
-
 /// Appends `k`, `v` and attends `q` over every visible cached position.
 pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    s: &AttnShape,
+    s: &AttentionDims,
     cache: &mut CpuKvCache,
     p: &AttentionParams,
 ) -> Result<Vec<f32>> {
@@ -131,7 +125,7 @@ pub fn attention(
 }
 
 /// `q` rows are positions `q_start..`, each attending over the cache up to its own position.
-fn attend(q: &[f32], cache: &CpuKvCache, s: &AttnShape, q_start: usize, p: &AttentionParams) -> Vec<f32> {
+fn attend(q: &[f32], cache: &CpuKvCache, s: &AttentionDims, q_start: usize, p: &AttentionParams) -> Vec<f32> {
     let (d, hq, hkv) = (s.head_dim, s.q_heads, s.kv_heads);
     let group = hq / hkv;
     let mut out = vec![0.0f32; s.t * hq * d];
@@ -169,7 +163,7 @@ mod tests {
         let alloc = Arc::new(Allocator::new(AllocMode::System, HostMemory));
         let (w, row) = (20, 2);
         let mut cache = CpuKvCache::new(alloc.clone(), 1, row, Some(w));
-        let s = AttnShape { t: 1, q_heads: 1, kv_heads: 1, head_dim: row };
+        let s = AttentionDims { t: 1, q_heads: 1, kv_heads: 1, head_dim: row };
         let p = AttentionParams { scale: 1.0, window: Some(w) };
         for i in 0..200 {
             let x = [i as f32, 1.0];
@@ -179,7 +173,7 @@ mod tests {
         let mut full = CpuKvCache::new(alloc, 1, row, None);
         let p = AttentionParams { scale: 1.0, window: None };
         let x = vec![1.0; 40 * row];
-        attention(&x, &x, &x, &AttnShape { t: 40, ..s }, &mut full, &p).unwrap();
+        attention(&x, &x, &x, &AttentionDims { t: 40, ..s }, &mut full, &p).unwrap();
         assert_eq!(full.blocks_held(), 40usize.div_ceil(KV_BLOCK));
     }
 }

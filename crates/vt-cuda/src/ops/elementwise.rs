@@ -2,21 +2,17 @@
 //! copies that need no kernel (slice_rows, concat_rows).
 
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
+use vt_core::backend::check;
 use vt_core::{DType, GateAct, Result};
 
 use super::with_last;
 use crate::device::{CudaBackend, CudaTensor};
-use crate::error::{check, driver_err, err};
+use crate::error::driver_err;
 use crate::launch::{act, grid1, i32_of, launched, Overlapped};
 use crate::weight::float_code;
 
 pub(crate) fn embedding(b: &CudaBackend, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
-    let [vocab, hidden] = *table.shape() else {
-        return Err(err(format!("embedding: table must be 2-D, found {:?}", table.shape())));
-    };
-    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(err(format!("embedding: token id {bad} is outside the vocabulary of {vocab}")));
-    }
+    let (vocab, hidden) = check::embedding(b, table, ids)?;
     let dt = float_code(table, "embedding")?;
     // A recorded step reads the ids its replays write.
     let (dev_ids, pi) = match b.recording() {
@@ -42,7 +38,7 @@ pub(crate) fn embedding(b: &CudaBackend, table: &CudaTensor, ids: &[u32]) -> Res
 
 /// Elementwise `out = f(a, b)` over bf16 tensors of one shape (add, swiglu).
 fn binary(be: &CudaBackend, a: &CudaTensor, b: &CudaTensor, op: &str) -> Result<CudaTensor> {
-    check(a.shape() == b.shape(), op, || format!("{:?} vs {:?}", a.shape(), b.shape()))?;
+    check::same_shape(be, op, a, b)?;
     let (pa, pb) = (act(a, op)?, act(b, op)?);
     let out = be.empty(DType::BF16, a.shape())?;
     let (po, n) = (out.buffer().ptr(), a.numel() as i64);
@@ -64,14 +60,10 @@ pub(crate) fn swiglu(be: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> Re
 }
 
 pub(crate) fn gate(b: &CudaBackend, x: &CudaTensor, g: &CudaTensor, act_kind: GateAct) -> Result<CudaTensor> {
-    let (rows, width) = (x.rows(), x.last_dim());
-    let groups = g.numel() / rows.max(1);
-    check(g.numel() == rows * groups && groups > 0 && width % groups == 0, "gate", || {
-        format!("gate {:?} does not fit input {:?}", g.shape(), x.shape())
-    })?;
+    let per = check::gate(b, x, g)?;
     let (px, pg) = (act(x, "gate")?, act(g, "gate")?);
     let out = b.empty(DType::BF16, x.shape())?;
-    let (po, n, per) = (out.buffer().ptr(), x.numel() as i64, i32_of(width / groups, "gate group")?);
+    let (po, n, per) = (out.buffer().ptr(), x.numel() as i64, i32_of(per, "gate group")?);
     let a: i32 = match act_kind {
         GateAct::Sigmoid => 0,
         GateAct::Softplus => 1,
@@ -85,8 +77,8 @@ pub(crate) fn gate(b: &CudaBackend, x: &CudaTensor, g: &CudaTensor, act_kind: Ga
 }
 
 pub(crate) fn narrow_cols(b: &CudaBackend, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {
+    check::narrow_cols(b, x, start, len)?;
     let width = x.last_dim();
-    check(start + len <= width, "narrow_cols", || format!("columns {start}..{} of {:?}", start + len, x.shape()))?;
     let px = act(x, "narrow_cols")?;
     let out = b.empty(DType::BF16, &with_last(x.shape(), len))?;
     let (po, rows, w, s, n) = (out.buffer().ptr(), x.rows() as i64, i32_of(width, "width")?, start as i32, len as i32);
@@ -100,8 +92,8 @@ pub(crate) fn narrow_cols(b: &CudaBackend, x: &CudaTensor, start: usize, len: us
 }
 
 pub(crate) fn slice_rows(b: &CudaBackend, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {
+    check::slice_rows(b, x, start, len)?;
     let width = x.last_dim();
-    check(start + len <= x.rows(), "slice_rows", || format!("rows {start}..{} of {:?}", start + len, x.shape()))?;
     let px = act(x, "slice_rows")?;
     let out = b.empty(DType::BF16, &[len, width])?;
     let bytes = len * width * 2;
@@ -114,12 +106,9 @@ pub(crate) fn slice_rows(b: &CudaBackend, x: &CudaTensor, start: usize, len: usi
 }
 
 pub(crate) fn concat_rows(b: &CudaBackend, parts: &[&CudaTensor]) -> Result<CudaTensor> {
-    let width = parts.first().map_or(0, |p| p.last_dim());
-    let mut rows = 0;
+    let (rows, width) = check::concat_rows(b, parts)?;
     for p in parts {
         act(p, "concat_rows")?;
-        check(p.last_dim() == width, "concat_rows", || format!("width {} differs from {width}", p.last_dim()))?;
-        rows += p.rows();
     }
     let out = b.empty(DType::BF16, &[rows, width])?;
     let mut at = out.buffer().ptr();

@@ -1,10 +1,10 @@
 //! RMSNorm of rows (kernels/norm.cu): alone, after the residual update, or gated.
 
 use cudarc::driver::LaunchConfig;
+use vt_core::backend::check;
 use vt_core::{DType, NormKind, Result};
 
 use crate::device::{CudaBackend, CudaTensor};
-use crate::error::check;
 use crate::launch::{act, i32_of, Overlapped};
 use crate::weight::float_code;
 
@@ -15,8 +15,7 @@ pub(crate) fn rms_norm(
     eps: f32,
     kind: NormKind,
 ) -> Result<CudaTensor> {
-    let d = x.last_dim();
-    check(w.numel() == d, "rms_norm", || format!("input {:?} vs weight {:?}", x.shape(), w.shape()))?;
+    let d = check::rms_norm(b, x, w)?;
     let (px, pw, wdt) = (act(x, "rms_norm")?, w.buffer().ptr(), float_code(w, "rms_norm")?);
     let offset = kind.weight_offset();
     let out = b.empty(DType::BF16, x.shape())?;
@@ -38,10 +37,7 @@ pub(crate) fn rms_norm_gated(
     w: &CudaTensor,
     eps: f32,
 ) -> Result<CudaTensor> {
-    let d = x.last_dim();
-    check(w.numel() == d && z.numel() == x.numel(), "rms_norm_gated", || {
-        format!("input {:?}, gate {:?}, weight {:?}", x.shape(), z.shape(), w.shape())
-    })?;
+    let d = check::rms_norm_gated(b, x, z, w)?;
     let (px, pz, pw, wdt) =
         (act(x, "rms_norm_gated")?, act(z, "rms_norm_gated")?, w.buffer().ptr(), float_code(w, "rms_norm_gated")?);
     let out = b.empty(DType::BF16, x.shape())?;
@@ -64,10 +60,7 @@ pub(crate) fn add_rms_norm(
     eps: f32,
     kind: NormKind,
 ) -> Result<(CudaTensor, CudaTensor)> {
-    let d = x.last_dim();
-    check(x.shape() == y.shape() && w.numel() == d, "add_rms_norm", || {
-        format!("inputs {:?} and {:?}, weight {:?}", x.shape(), y.shape(), w.shape())
-    })?;
+    let d = check::add_rms_norm(b, x, y, w)?;
     let (px, py, pw, wdt) =
         (act(x, "add_rms_norm")?, act(y, "add_rms_norm")?, w.buffer().ptr(), float_code(w, "add_rms_norm")?);
     let offset = kind.weight_offset();

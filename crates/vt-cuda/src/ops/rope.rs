@@ -42,7 +42,7 @@ pub(crate) fn rope_seqs(
 }
 
 pub(crate) fn rope(b: &CudaBackend, x: &CudaTensor, start: usize, rope: &Rope) -> Result<CudaTensor> {
-    let (t, heads, dim) = x.dims3("cuda", "rope")?;
+    let (t, heads, dim) = vt_core::backend::check::rope(b, x, rope)?;
     let (freqs, half) = rope_freqs(rope, dim, "rope")?;
     let px = act(x, "rope")?;
     let out = b.empty(DType::BF16, x.shape())?;

@@ -6,6 +6,7 @@ pub(crate) mod decode;
 pub(crate) mod flash;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use vt_core::backend::check::AttentionDims;
 use vt_core::{AttentionParams, DType, Result, Rope};
 
 use self::decode::SeqCaches;
@@ -26,17 +27,9 @@ pub(crate) fn attention(
     p: &AttentionParams,
 ) -> Result<CudaTensor> {
     let op = "attention";
-    let [t, q_heads, head_dim] = *q.shape() else {
-        return Err(err(format!("{op}: q must be [tokens, heads, dim], found {:?}", q.shape())));
-    };
+    let AttentionDims { t, q_heads, kv_heads, head_dim } = vt_core::backend::check::attention(b, q, k, v, p)?;
     check(
-        k.shape() == [t, cache.kv_heads, cache.head_dim]
-            && v.shape() == k.shape()
-            && head_dim == cache.head_dim
-            && head_dim <= ATT_MAX_D
-            && cache.kv_heads > 0
-            && q_heads % cache.kv_heads == 0
-            && p.window == cache.window,
+        kv_heads == cache.kv_heads && head_dim == cache.head_dim && head_dim <= ATT_MAX_D && p.window == cache.window,
         op,
         || {
             format!(

@@ -8,7 +8,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{DType, GdnDims, GdnInputs, GdnMode, Result};
 
 use crate::device::{CudaBackend, CudaTensor};
-use crate::error::{check, err};
+use crate::error::check;
 use crate::launch::{act, grid1, i32_of, launched, MAX_SHARED};
 use crate::limits::CONV_MAX_K;
 use crate::weight::float_code;
@@ -19,17 +19,8 @@ pub(crate) fn causal_conv1d(
     w: &CudaTensor,
     state: &mut CudaTensor,
 ) -> Result<CudaTensor> {
-    let [channels, kernel] = *w.shape() else {
-        return Err(err(format!("causal_conv1d: weight must be [channels, kernel], found {:?}", w.shape())));
-    };
-    check(
-        x.last_dim() == channels
-            && (1..=CONV_MAX_K).contains(&kernel)
-            && state.shape() == [channels, kernel - 1]
-            && state.dtype() == DType::BF16,
-        "causal_conv1d",
-        || format!("input {:?}, weight {:?}, state {} {:?}", x.shape(), w.shape(), state.dtype(), state.shape()),
-    )?;
+    let (channels, kernel) = vt_core::backend::check::causal_conv1d(b, x, w, state)?;
+    check(kernel <= CONV_MAX_K, "causal_conv1d", || format!("{kernel} taps exceed the kernel's {CONV_MAX_K}"))?;
     let (px, pw, wdt, ps) =
         (act(x, "causal_conv1d")?, w.buffer().ptr(), float_code(w, "causal_conv1d")?, state.buffer().ptr());
     let out = b.empty(DType::BF16, x.shape())?;
@@ -53,7 +44,7 @@ pub(crate) fn gated_delta_rule(
     mode: GdnMode,
 ) -> Result<CudaTensor> {
     let op = "gated_delta_rule";
-    let GdnDims { t, key_heads, value_heads, key_dim, value_dim } = inp.dims(state, "cuda")?;
+    let GdnDims { t, key_heads, value_heads, key_dim, value_dim } = inp.dims(b, state)?;
     check(value_dim <= 1024 && key_dim * 8 <= MAX_SHARED, op, || {
         format!("value dim {value_dim} / key dim {key_dim} exceed this kernel's limits")
     })?;

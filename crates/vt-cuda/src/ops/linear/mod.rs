@@ -13,8 +13,7 @@ use crate::launch::{act, i32_of, launched, MAX_SHARED};
 use crate::weight::WeightDesc;
 
 pub(crate) fn linear(b: &CudaBackend, x: &CudaTensor, w: &Linear<CudaBackend>) -> Result<CudaTensor> {
-    let (n, k) = w.weight.dims();
-    check(x.last_dim() == k, "linear", || format!("input {:?} vs weight [{n}, {k}]", x.shape()))?;
+    let (n, k) = vt_core::backend::check::linear(b, x, w)?;
     let (px, t) = (act(x, "linear")?, x.rows());
     let out = b.empty(DType::BF16, &with_last(x.shape(), n))?;
     let py = out.buffer().ptr();

@@ -1,7 +1,7 @@
 //! The routed-experts block for any batch the faster paths do not take (kernels/moe.cu): a block
 //! per token computes its router logits and routes them, then a block per (slot, 8 rows) computes
 //! each chosen expert's SwiGLU and down projection in f32, and the combine adds the slots in
-//! ascending expert order as vt-cpu does.
+//! ascending expert order as vt-cpu does. The caller checked the arguments (`check::moe`).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::{DType, MoeExperts, Result, Router};
@@ -23,15 +23,7 @@ pub(crate) fn moe(
     let op = "moe";
     let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     let top_k = router.kind.top_k();
-    check(x.last_dim() == h && router.weight.out_features() == n_exp && router.weight.in_features() == h, op, || {
-        format!(
-            "input {:?}, router [{}, {}], {n_exp} experts of hidden {h}",
-            x.shape(),
-            router.weight.out_features(),
-            router.weight.in_features()
-        )
-    })?;
-    check((1..=n_exp.min(ROUTE_MAX_K)).contains(&top_k) && n_exp <= ROUTE_MAX_EXP, op, || {
+    check(top_k <= ROUTE_MAX_K && n_exp <= ROUTE_MAX_EXP, op, || {
         format!("top-k {top_k} of {n_exp} experts (the routing takes at most {ROUTE_MAX_EXP} experts)")
     })?;
     let route_shared = (h + n_exp) * 4;
@@ -60,7 +52,7 @@ pub(crate) fn moe(
     // SAFETY: moe_route(int* ids, float* weights, const bf16* x, WeightDesc router, RouteArgs
     // ra): one block of 256 threads per token, shared memory as computed; ids/weights hold
     // t * top_k, the router is [n_exp, h] with n_exp <= 512 and top_k <= 32 (checked), ra's bias
-    // is null or n_exp values (RouteArgs::new).
+    // is null or n_exp values (check::moe).
     launched(unsafe { l.launch(cfg) }, "moe_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_gate_up);

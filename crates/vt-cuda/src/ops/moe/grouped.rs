@@ -127,7 +127,7 @@ pub(crate) fn moe(
     // SAFETY: moe_prefill_route(int* ids, float* weights, int* counts, const float* logits, int t,
     // RouteArgs ra): one warp per token; logits [t, n_exp] with n_exp <= 512, ids/weights
     // t * top_k with top_k <= 32 (fits), counts n_exp zeroed ints, ra's bias null or n_exp values
-    // (RouteArgs::new).
+    // (check::moe).
     launched(unsafe { l.launch(cfg) }, "moe_prefill_route")?;
 
     let mut l = b.stream().launch_builder(&b.k().moe_prefill_plan);

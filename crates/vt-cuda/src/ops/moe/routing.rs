@@ -5,7 +5,6 @@ use cudarc::driver::DeviceRepr;
 use vt_core::{Result, Router, RouterKind};
 
 use crate::device::CudaBackend;
-use crate::error::check;
 use crate::launch::i32_of;
 use crate::weight::float_code;
 
@@ -30,24 +29,17 @@ pub(crate) struct RouteArgs {
 unsafe impl DeviceRepr for RouteArgs {}
 
 impl RouteArgs {
-    /// `router`'s routing over `n_exp` experts; `op` names the errors (a non-positive softcap, a
-    /// correction bias of the wrong size).
+    /// `router`'s routing over `n_exp` experts, for a router `check::moe` took (a positive
+    /// softcap, a correction bias of `n_exp` values); `op` names the errors.
     pub(crate) fn new(router: &Router<CudaBackend>, n_exp: usize, op: &str) -> Result<Self> {
         let (kind, renorm, softcap, scaling) = match router.kind {
             RouterKind::Softmax { renormalize, .. } => (0, renormalize, 0.0, 1.0),
             RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => {
-                let cap = softcap.unwrap_or(0.0);
-                check(!softcap.is_some_and(|c| c.is_nan() || c <= 0.0), op, || {
-                    format!("router softcap {cap} must be positive")
-                })?;
-                (1, renormalize, cap, routed_scaling)
+                (1, renormalize, softcap.unwrap_or(0.0), routed_scaling)
             }
         };
         let (bias, bias_dt) = match &router.correction_bias {
-            Some(c) => {
-                check(c.numel() == n_exp, op, || format!("correction bias {:?} for {n_exp} experts", c.shape()))?;
-                (c.buffer().ptr(), float_code(c, op)?)
-            }
+            Some(c) => (c.buffer().ptr(), float_code(c, op)?),
             None => (0, 0),
         };
         Ok(RouteArgs {
