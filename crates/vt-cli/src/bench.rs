@@ -12,6 +12,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde_json::Value;
 use vt::checkpoint::{Checkpoint, Config, TensorStore};
+use vt::grammar::{ConstraintSpec, GrammarCompiler};
 use vt::{Backend, DummyWeights, Engine, EngineConfig, Model, Request, Result, SamplingParams};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -103,10 +104,21 @@ pub fn host_copy_bandwidth() -> f64 {
     2.0 * (n * BYTES) as f64 / copies(n)
 }
 
+/// The grammar of `--json-schema FILE` against the tokenizer in `dir`.
+pub fn constraint(dir: &Path, schema: &Path, vocab: usize) -> Result<(GrammarCompiler, ConstraintSpec)> {
+    let read = |p: &Path| std::fs::read(p).map_err(|source| vt::Error::Io { path: p.to_path_buf(), source });
+    let tokenizer = read(&dir.join("tokenizer.json"))?;
+    let schema: Value = serde_json::from_slice(&read(schema)?)
+        .map_err(|source| vt::Error::Json { path: schema.to_path_buf(), source })?;
+    Ok((GrammarCompiler::new(&tokenizer, &[], vocab)?, ConstraintSpec::JsonSchema(schema)))
+}
+
 pub struct Shape {
     pub batch: Vec<usize>,
     pub prompt_len: usize,
     pub gen_len: usize,
+    /// Every sequence decodes under this grammar (`--json-schema`), to measure its cost.
+    pub constraint: Option<(GrammarCompiler, ConstraintSpec)>,
 }
 
 /// Seconds of one batch's generation.
@@ -126,8 +138,14 @@ fn generate<B: Backend>(engine: &mut Engine<B>, n: usize, shape: &Shape) -> Resu
     let vocab = engine.model().spec().vocab;
     for i in 0..n {
         let prompt = (0..shape.prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
-        let req =
-            Request { prompt, max_tokens: shape.gen_len, sampling: SamplingParams::greedy(), stop_token_ids: vec![] };
+        let grammar = shape.constraint.as_ref().map(|(c, spec)| c.compile(spec)).transpose()?;
+        let req = Request {
+            prompt,
+            max_tokens: shape.gen_len,
+            sampling: SamplingParams::greedy(),
+            grammar,
+            ..Default::default()
+        };
         engine.add(req, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
     }
     let started = Instant::now();

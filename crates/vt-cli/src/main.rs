@@ -148,6 +148,10 @@ enum Command {
         /// Decode without recorded steps (CUDA graphs): every op launched from the host.
         #[arg(long)]
         unrecorded: bool,
+        /// Decode every sequence under this JSON schema (constrained decoding, masks computed
+        /// on the CPU), to measure its cost against a run without it; needs tokenizer.json.
+        #[arg(long)]
+        json_schema: Option<PathBuf>,
     },
 }
 
@@ -336,7 +340,7 @@ where
             })?;
             Ok(())
         }
-        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers, unrecorded } => {
+        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers, unrecorded, json_schema } => {
             let dir = model.model.clone().unwrap_or_else(default_model);
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!unrecorded);
@@ -344,7 +348,11 @@ where
                 BackendKind::Cpu => bench::host_copy_bandwidth(),
                 BackendKind::Cuda => bench::copy_bandwidth(backend)?,
             };
-            let shape = bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len };
+            let constraint = match json_schema {
+                None => None,
+                Some(path) => Some(bench::constraint(&dir, path, m.spec().vocab)?),
+            };
+            let shape = bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len, constraint };
             bench::run(backend, m, &shape, bandwidth)?;
             Ok(())
         }

@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 use vt_core::{Backend, Error};
 use vt_models::{Model, ModelSpec, SeqState, StateBytes};
 
-use crate::sampling::{Sampler, SamplingParams};
+use crate::grammar::{Grammar, TokenMask};
+use crate::sampling::{token_logprobs, Sampler, SamplingParams, TokenLogprobs};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -38,7 +39,7 @@ impl Default for EngineConfig {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Request {
     pub prompt: Vec<u32>,
     /// Most tokens to generate (fewer if the context ends first).
@@ -46,6 +47,11 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Finish after generating one of these (it is sent, then `Finish::Stop`).
     pub stop_token_ids: Vec<u32>,
+    /// Only tokens this grammar allows are generated.
+    pub grammar: Option<Grammar>,
+    /// Send each token's log-probability and this many most likely alternatives
+    /// (`Event::Logprobs`, before its `Event::Token`).
+    pub logprobs: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +65,8 @@ pub enum Finish {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The log-probabilities of the token sent next (when the request asked for them).
+    Logprobs(TokenLogprobs),
     Token(u32),
     Done(Finish),
     /// The step that ran this sequence failed; nothing more comes.
@@ -158,6 +166,8 @@ struct Running<B: Backend> {
     /// Tokens to run next: the rest of the prompt, or the last generated token.
     pending: Vec<u32>,
     stop_token_ids: Vec<u32>,
+    grammar: Option<Grammar>,
+    logprobs: Option<usize>,
     generated: usize,
     max_gen: usize,
     reserve: usize,
@@ -252,9 +262,11 @@ impl<B: Backend> Engine<B> {
             budget -= take[i];
         }
         // A sequence needs a token when this step ends its pending tokens. When all that do are
-        // greedy, the tokens are picked where the logits are and only they are read back.
-        let greedy =
-            (self.running.iter().zip(&take)).all(|(s, &n)| n == 0 || n < s.pending.len() || s.sampler.is_greedy());
+        // greedy and plain, the tokens are picked where the logits are and only they are read back.
+        let needs_token = |s: &Running<B>, n: usize| n > 0 && n == s.pending.len();
+        let greedy = (self.running.iter().zip(&take)).all(|(s, &n)| {
+            !needs_token(s, n) || (s.sampler.is_greedy() && s.grammar.is_none() && s.logprobs.is_none())
+        });
         let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
             .running
             .iter_mut()
@@ -265,11 +277,16 @@ impl<B: Backend> Engine<B> {
         if batch.is_empty() {
             return 0;
         }
+        let logits = self.model.forward_batch(&mut batch);
+        drop(batch);
+        // While the device runs the step, the grammars work out their masks on the CPU.
+        let mut masks: Vec<Option<crate::Result<TokenMask>>> = (self.running.iter_mut().zip(&take))
+            .map(|(s, &n)| if needs_token(s, n) { s.grammar.as_mut().map(Grammar::mask) } else { None })
+            .collect();
         let backend = self.model.backend();
-        let picks = self.model.forward_batch(&mut batch).and_then(|l| {
+        let picks = logits.and_then(|l| {
             Ok(if greedy { Picks::Ids(backend.argmax_rows(&l)?) } else { Picks::Logits(backend.to_f32(&l)?) })
         });
-        drop(batch);
         let ran = take.iter().sum();
         let picks = match picks {
             Ok(p) => p,
@@ -292,12 +309,32 @@ impl<B: Backend> Engine<B> {
             if !s.pending.is_empty() {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
-            let id = match &picks {
-                Picks::Ids(ids) => s.sampler.accept(ids[row - 1]),
-                Picks::Logits(logits) => s.sampler.sample(&logits[(row - 1) * vocab..row * vocab]),
+            let (id, logprobs) = match &picks {
+                Picks::Ids(ids) => (s.sampler.accept(ids[row - 1]), None),
+                Picks::Logits(logits) => {
+                    let raw = &logits[(row - 1) * vocab..row * vocab];
+                    let id = match masks[i].take() {
+                        None => s.sampler.sample(raw),
+                        Some(Ok(mask)) => {
+                            let mut masked = raw.to_vec();
+                            mask.apply(&mut masked);
+                            s.sampler.sample(&masked)
+                        }
+                        Some(Err(e)) => {
+                            events[i] = Some(Event::Failed(e.to_string()));
+                            continue;
+                        }
+                    };
+                    (id, s.logprobs.map(|k| token_logprobs(raw, id, k)))
+                }
             };
+            if let Some(Err(e)) = s.grammar.as_mut().map(|g| g.accept(id)) {
+                events[i] = Some(Event::Failed(e.to_string()));
+                continue;
+            }
             s.generated += 1;
-            events[i] = if !(s.sink)(Event::Token(id)) {
+            let sent = logprobs.is_none_or(|lp| (s.sink)(Event::Logprobs(lp)));
+            events[i] = if !sent || !(s.sink)(Event::Token(id)) {
                 Some(Event::Done(Finish::Cancelled))
             } else if s.stop_token_ids.contains(&id) {
                 Some(Event::Done(Finish::Stop))
@@ -387,6 +424,8 @@ impl<B: Backend> Engine<B> {
                         sampler,
                         pending: w.req.prompt,
                         stop_token_ids: w.req.stop_token_ids,
+                        grammar: w.req.grammar,
+                        logprobs: w.req.logprobs,
                         generated: 0,
                         max_gen: w.max_gen,
                         reserve,

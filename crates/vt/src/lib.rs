@@ -12,14 +12,19 @@
 //!
 //! Many sequences at once: [`Engine`] (stepped by the caller) or [`EngineHandle`] (its own thread).
 
+pub mod chat;
 pub mod engine;
 mod generate;
+pub mod grammar;
+pub mod reasoning;
 pub mod sampling;
 pub mod text;
+pub mod tool_parser;
 
+pub use chat::ChatInput;
 pub use engine::{CancelToken, Engine, EngineConfig, EngineHandle, Event, Finish, Request, Sink, SubmitError};
 pub use generate::{generate, generate_with, GenerateOptions, Generation};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
 pub use text::{ChatMessage, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
 pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};

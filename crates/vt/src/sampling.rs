@@ -21,6 +21,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted from a token's logit once per time it was generated.
     pub frequency_penalty: f32,
+    /// Added to the logits of the given tokens before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -34,6 +36,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -63,6 +66,9 @@ impl SamplingParams {
             if !(-2.0..=2.0).contains(&v) {
                 return bad(field, "in [-2, 2]", v);
             }
+        }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return bad("logit_bias", "in [-100, 100]", b);
         }
         Ok(())
     }
@@ -99,7 +105,11 @@ impl Sampler {
     /// be picked where the logits are (`Backend::argmax_rows`) and given to `accept`.
     pub fn is_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty()
     }
 
     /// Records `id`, picked elsewhere, as generated; returns it.
@@ -110,6 +120,11 @@ impl Sampler {
 
     fn penalize(&self, logits: &mut [f32]) {
         let p = &self.params;
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let seen = self.prompt.iter().chain(self.generated.keys());
             for &id in seen {
@@ -168,6 +183,30 @@ impl Sampler {
         }
         cands.first().map_or(argmax as u32, |c| c.0)
     }
+}
+
+/// The log-probabilities of one generated token: its own and the `top` most likely ones (most
+/// likely first), from the model's raw logits (before penalties, biases and grammar masks).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `log_softmax(row)[chosen]` and the `k` largest entries of it (ties: lower id first).
+pub fn token_logprobs(row: &[f32], chosen: u32, k: usize) -> TokenLogprobs {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + row.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in row.iter().enumerate() {
+        if top.len() < k || top.last().is_some_and(|&(_, m)| l > m) {
+            let at = top.partition_point(|&(_, m)| m >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(k);
+        }
+    }
+    let logprob = row.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
+    TokenLogprobs { logprob, top: top.into_iter().map(|(i, l)| (i, l - lse)).collect() }
 }
 
 /// A small seeded generator: sampling must be reproducible from `seed` alone.
@@ -243,6 +282,24 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_tokens() {
+        let mut s = sampler(SamplingParams { logit_bias: vec![(4, 100.0)], ..Default::default() });
+        assert!(!s.is_greedy());
+        assert_eq!(s.sample(&LOGITS), 4);
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_and_sorted() {
+        let lp = token_logprobs(&LOGITS, 0, 3);
+        let lse = LOGITS.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+        assert!((lp.logprob as f64 - (1.0 - lse)).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert!((lp.top[0].1 as f64 - (3.0 - lse)).abs() < 1e-6);
+        assert_eq!(token_logprobs(&[1.0, 1.0, 1.0], 2, 2).top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
     fn out_of_range_parameters_are_errors() {
         for p in [
             SamplingParams { temperature: -1.0, ..Default::default() },
@@ -251,6 +308,7 @@ mod tests {
             SamplingParams { min_p: 2.0, ..Default::default() },
             SamplingParams { repetition_penalty: 0.0, ..Default::default() },
             SamplingParams { presence_penalty: 3.0, ..Default::default() },
+            SamplingParams { logit_bias: vec![(1, 101.0)], ..Default::default() },
         ] {
             assert!(Sampler::new(p, &[]).is_err());
         }

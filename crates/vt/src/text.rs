@@ -1,11 +1,17 @@
 //! Text in and out: `tokenizer.json` through the `tokenizers` crate, chat templates from
-//! `tokenizer_config.json` rendered with minijinja, and incremental detokenisation that streams
-//! only whole characters and holds back text that may turn out to be a stop string.
+//! `tokenizer_config.json` (rendered by [`crate::chat`]), and incremental detokenisation that
+//! streams only whole characters and holds back text that may turn out to be a stop string.
+//!
+//! Chat prompts keep control tokens to the template: a special token's text typed in a message
+//! is tokenized as plain text unless the caller allows it.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use vt_core::{Error, Result};
+
+use crate::chat::{self, ChatInput};
 
 /// One chat message, as in OpenAI's API and Hugging Face chat templates.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -17,6 +23,10 @@ pub struct ChatMessage {
 /// A checkpoint's tokenizer and chat template.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens' text encoded as plain text.
+    plain: tokenizers::Tokenizer,
+    /// The text of each special token, longest first (so a longer one is matched before its prefix).
+    specials: Vec<String>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -62,8 +72,16 @@ impl Tokenizer {
                 _ => None,
             },
         };
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        let mut specials: Vec<String> =
+            inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        specials.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        specials.dedup();
         Ok(Some(Tokenizer {
             inner,
+            plain,
+            specials,
             chat_template,
             bos_token: special_token(&cfg, "bos_token"),
             eos_token: special_token(&cfg, "eos_token"),
@@ -80,6 +98,12 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(text_err)
     }
 
+    /// The text of one token alone, special tokens included (a piece of a character decodes
+    /// to U+FFFD), as logprobs report it.
+    pub fn decode_token(&self, id: u32) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
@@ -93,25 +117,103 @@ impl Tokenizer {
         self.chat_template.is_some()
     }
 
-    /// Renders the chat template, as transformers' `apply_chat_template(tokenize=False)`.
+    /// Renders the chat template for plain text messages, as transformers'
+    /// `apply_chat_template(tokenize=False)`.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<Value> = messages.iter().map(|m| serde_json::json!(m)).collect();
+        let kwargs = serde_json::Map::new();
+        self.render_chat(&ChatInput {
+            messages: &messages,
+            tools: None,
+            add_generation_prompt,
+            continue_final_message: false,
+            kwargs: &kwargs,
+        })
+    }
+
+    /// Renders the chat template for `input`, as transformers' `apply_chat_template(tokenize=False)`.
+    pub fn render_chat(&self, input: &ChatInput) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| text_err("this model has no chat template"))?;
-        let mut env = minijinja::Environment::new();
-        // Templates call Python string methods (`.strip()`, `.startswith()`...).
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        let tmpl = env.template_from_str(template).map_err(|e| text_err(format!("chat template: {e}")))?;
-        let ctx = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
+        let (bos, eos) = (self.bos_token.as_deref().unwrap_or_default(), self.eos_token.as_deref().unwrap_or_default());
+        chat::render(template, bos, eos, input)
+    }
+
+    /// The prompt's token ids for `input`. Special tokens' text inside the caller's strings
+    /// (messages, tools, template kwargs) is tokenized as plain text unless `allow_special`; only
+    /// the template's own markers become control tokens.
+    pub fn encode_chat(&self, input: &ChatInput, allow_special: bool) -> Result<Vec<u32>> {
+        if allow_special {
+            return self.encode(&self.render_chat(input)?, false);
+        }
+        let messages: Vec<Value> = input.messages.iter().map(|v| self.escape_specials(v)).collect();
+        let tools: Option<Vec<Value>> = input.tools.map(|t| t.iter().map(|v| self.escape_specials(v)).collect());
+        let kwargs = match self.escape_specials(&Value::Object(input.kwargs.clone())) {
+            Value::Object(m) => m,
+            _ => unreachable!("an object stays an object"),
         };
-        tmpl.render(ctx).map_err(|e| text_err(format!("chat template: {e}")))
+        let text =
+            self.render_chat(&ChatInput { messages: &messages, tools: tools.as_deref(), kwargs: &kwargs, ..*input })?;
+        let mut ids = Vec::new();
+        for (i, part) in text.split(ESCAPE_OPEN).enumerate() {
+            // Every part after the first starts with an escaped special token's index.
+            let (escaped, rest) = match (i, part.split_once(ESCAPE_CLOSE)) {
+                (0, _) | (_, None) => (None, part),
+                (_, Some((k, rest))) => (k.parse::<usize>().ok().and_then(|k| self.escaped(k)), rest),
+            };
+            if let Some(escaped) = escaped {
+                ids.extend(self.plain.encode(escaped, false).map_err(text_err)?.get_ids());
+            }
+            if !rest.is_empty() {
+                ids.extend(self.encode(rest, false)?);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The text escape `k` stands for: a special token, or (past them) the escape character itself.
+    fn escaped(&self, k: usize) -> Option<&str> {
+        const OPEN: &str = "\u{F0000}";
+        self.specials.get(k).map(String::as_str).or((k == self.specials.len()).then_some(OPEN))
+    }
+
+    /// `v` with every special token's text (and the escape character) in its strings replaced by
+    /// an escape naming it.
+    fn escape_specials(&self, v: &Value) -> Value {
+        let escapable = |s: &str| (0..=self.specials.len()).any(|k| self.escaped(k).is_some_and(|t| s.contains(t)));
+        match v {
+            Value::String(s) if escapable(s) => {
+                let mut out = String::with_capacity(s.len());
+                let mut rest = s.as_str();
+                while !rest.is_empty() {
+                    let hit = (0..=self.specials.len())
+                        .find_map(|k| self.escaped(k).filter(|t| rest.starts_with(t)).map(|t| (k, t)));
+                    match hit {
+                        Some((k, t)) => {
+                            out.push_str(&format!("{ESCAPE_OPEN}{k}{ESCAPE_CLOSE}"));
+                            rest = &rest[t.len()..];
+                        }
+                        None => {
+                            let c = rest.chars().next().expect("not empty");
+                            out.push(c);
+                            rest = &rest[c.len_utf8()..];
+                        }
+                    }
+                }
+                Value::String(out)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(|x| self.escape_specials(x)).collect()),
+            Value::Object(map) => {
+                Value::Object(map.iter().map(|(k, x)| (k.clone(), self.escape_specials(x))).collect())
+            }
+            other => other.clone(),
+        }
     }
 }
+
+/// Brackets of an escaped special token in a rendered prompt (private-use characters: text
+/// that contains them anyway can only produce more plain-text tokens).
+const ESCAPE_OPEN: char = '\u{F0000}';
+const ESCAPE_CLOSE: char = '\u{F0001}';
 
 /// Turns generated ids into text deltas one token at a time.
 ///

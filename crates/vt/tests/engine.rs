@@ -35,7 +35,7 @@ fn prompts(vocab: usize, n: usize) -> Vec<Vec<u32>> {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), stop_token_ids: vec![] }
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), ..Default::default() }
 }
 
 fn run_to_end(engine: &mut Engine<CpuBackend>) {

@@ -1,0 +1,112 @@
+//! Constrained decoding and logprobs through the engine, on the built-in model: a JSON schema
+//! holds even for a tiny model sampling hot, and each token's logprobs are the log-softmax of the
+//! model's own logits at that position.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use vt::grammar::{ConstraintSpec, GrammarCompiler};
+use vt::{Backend, CpuBackend, Engine, EngineConfig, Event, Logits, Model, Request, SamplingParams, Tokenizer};
+use vt_test_support::repo_root;
+
+fn run(engine: &mut Engine<CpuBackend>, req: Request) -> Vec<Event> {
+    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let l = log.clone();
+    engine
+        .add(
+            req,
+            Box::new(move |e| {
+                l.lock().unwrap().push(e);
+                true
+            }),
+        )
+        .unwrap();
+    while engine.has_work() {
+        engine.step();
+    }
+    let events = log.lock().unwrap().clone();
+    events
+}
+
+fn ids(events: &[Event]) -> Vec<u32> {
+    events.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect()
+}
+
+#[test]
+fn json_schema_output_is_valid_however_it_samples() {
+    let dir = repo_root().join("models/default");
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &dir).unwrap();
+    let tok = Tokenizer::load(&dir).unwrap().unwrap();
+    let eos = tok.eos_id().unwrap();
+    let vocab = model.spec().vocab;
+    let compiler = GrammarCompiler::new(&std::fs::read(dir.join("tokenizer.json")).unwrap(), &[eos], vocab).unwrap();
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 1000}, "ok": {"type": "boolean"}},
+        "required": ["name", "n", "ok"], "additionalProperties": false});
+    let spec = ConstraintSpec::JsonSchema(schema);
+    let mut engine = Engine::new(model, EngineConfig::default());
+    let prompt = tok.encode("Give me JSON:", false).unwrap();
+    for seed in 0..4 {
+        let req = Request {
+            prompt: prompt.clone(),
+            max_tokens: 200,
+            sampling: SamplingParams { temperature: 1.5, seed, ..Default::default() },
+            stop_token_ids: vec![eos],
+            grammar: Some(compiler.compile(&spec).unwrap()),
+            ..Default::default()
+        };
+        let events = run(&mut engine, req);
+        let out = ids(&events);
+        assert_eq!(out.last(), Some(&eos), "seed {seed}: the grammar ends the output with the stop token");
+        let text = tok.decode(&out).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {text:?}: {e}"));
+        assert!(v["name"].as_str().is_some_and(|s| s.chars().count() <= 8), "{text}");
+        assert!(
+            v["n"].as_i64().is_some_and(|n| (0..=1000).contains(&n))
+                && v["ok"].is_boolean()
+                && v.as_object().unwrap().len() == 3,
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn logprobs_are_the_log_softmax_of_the_model_logits() {
+    let dir = repo_root().join("models/default");
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &dir).unwrap();
+    let prompt = vec![5, 17, 300, 42];
+    // The reference: every position's logits of the prompt plus the generated tokens at once.
+    let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default());
+    for sampling in [SamplingParams::greedy(), SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }] {
+        let req = Request { prompt: prompt.clone(), max_tokens: 6, sampling, logprobs: Some(4), ..Default::default() };
+        let events = run(&mut engine, req);
+        let out = ids(&events);
+        let lps: Vec<vt::TokenLogprobs> =
+            events.iter().filter_map(|e| if let Event::Logprobs(l) = e { Some(l.clone()) } else { None }).collect();
+        assert_eq!(lps.len(), out.len());
+        // Each Logprobs comes right before its Token.
+        for (i, e) in events.iter().enumerate() {
+            if matches!(e, Event::Logprobs(_)) {
+                assert!(matches!(events[i + 1], Event::Token(_)));
+            }
+        }
+        let all: Vec<u32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
+        let mut state = model.new_state().unwrap();
+        let logits = b.to_f32(&model.forward(&all, &mut state, Logits::All).unwrap()).unwrap();
+        let vocab = model.spec().vocab;
+        for (i, lp) in lps.iter().enumerate() {
+            let row = &logits[(prompt.len() - 1 + i) * vocab..(prompt.len() + i) * vocab];
+            let want = vt::sampling::token_logprobs(row, out[i], 4);
+            assert!((want.logprob - lp.logprob).abs() < 1e-4, "token {i}: {} vs {}", want.logprob, lp.logprob);
+            assert_eq!(
+                want.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                lp.top.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+            for (w, g) in want.top.iter().zip(&lp.top) {
+                assert!((w.1 - g.1).abs() < 1e-4);
+            }
+        }
+    }
+}
