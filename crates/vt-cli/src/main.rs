@@ -79,6 +79,25 @@ struct EngineArgs {
     memory_budget_mib: Option<usize>,
 }
 
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// A Jinja chat template file to use instead of the checkpoint's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// The tool-call format to parse: qwen3_xml (Qwen3.5/3.6, Qwen3-Coder), hermes (Qwen3),
+    /// laguna. Default: the one the chat template teaches, else the model family's.
+    #[arg(long)]
+    tool_call_parser: Option<String>,
+    /// `think`: split <think> reasoning into reasoning_content (the default); `none`: leave it in
+    /// the content.
+    #[arg(long, default_value = "think", value_parser = ["think", "none"])]
+    reasoning_parser: String,
+    /// Let special tokens typed in chat messages act as control tokens (by default they are
+    /// tokenized as text, so a message cannot forge a turn).
+    #[arg(long)]
+    special_tokens_in_messages: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Write the logits of every prompt position to a safetensors file (tensor `logits`, f32).
@@ -128,6 +147,8 @@ enum Command {
         port: u16,
         #[command(flatten)]
         engine: EngineArgs,
+        #[command(flatten)]
+        agent: AgentArgs,
     },
     /// Measure batched greedy generation throughput.
     Bench {
@@ -313,7 +334,7 @@ where
                 messages.push(ChatMessage { role: "assistant".into(), content: reply });
             }
         }
-        Command::Serve { model, host, port, engine } => {
+        Command::Serve { model, host, port, engine, agent } => {
             let (m, dir) = load(backend, model)?;
             let config = EngineConfig {
                 max_seqs: engine.max_seqs,
@@ -327,7 +348,18 @@ where
                 .unwrap_or(dir.clone())
                 .file_name()
                 .map_or("model".into(), |n| n.to_string_lossy().into_owned());
-            let state = Arc::new(server::AppState::new(EngineHandle::spawn(m, config), Tokenizer::load(&dir)?, name));
+            let mut tok = Tokenizer::load(&dir)?;
+            if let (Some(t), Some(path)) = (tok.as_mut(), &agent.chat_template) {
+                t.set_chat_template(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?);
+            }
+            let mut state = server::AppState::new(EngineHandle::spawn(m, config), tok, name);
+            if let Some(name) = &agent.tool_call_parser {
+                state.agent.tool_format = vt::tool_parser::ToolFormat::from_name(name)
+                    .ok_or_else(|| format!("--tool-call-parser {name}: not one of qwen3_xml, hermes, laguna"))?;
+            }
+            state.agent.reasoning = agent.reasoning_parser == "think";
+            state.agent.special_tokens_in_messages = agent.special_tokens_in_messages;
+            let state = Arc::new(state);
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async {
                 let listener = tokio::net::TcpListener::bind((host.as_str(), *port)).await?;

@@ -146,7 +146,15 @@ async fn malformed_requests_get_openai_errors() {
         ("/v1/completions", json!({"prompt": long, "max_tokens": 4}), 400, "context limit"),
         ("/v1/completions", json!({"prompt": [1, 2, 999999]}), 400, "vocabulary"),
         ("/v1/completions", json!({"prompt": "def ", "model": "gpt-4"}), 404, "gpt-4"),
-        ("/v1/completions", json!({"prompt": "def ", "n": 3}), 400, "n = 1"),
+        ("/v1/completions", json!({"prompt": "def ", "n": 0}), 400, "n must be"),
+        ("/v1/completions", json!({"prompt": "def ", "suffix": "x"}), 400, "`suffix`"),
+        ("/v1/completions", json!({"prompt": "def ", "logprobs": 21}), 400, "logprobs"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "functions": []}),
+            400,
+            "`functions`",
+        ),
         ("/v1/chat/completions", json!({"messages": []}), 400, "messages"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user"}]}), 400, "content"),
     ] {

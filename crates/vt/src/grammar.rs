@@ -23,6 +23,30 @@ pub enum ConstraintSpec {
     Lark(String),
 }
 
+impl ConstraintSpec {
+    /// The constraint after free reasoning that ends with `</think>` (for a prompt that leaves a
+    /// reasoning block open): the model thinks as it likes, then the output must match.
+    pub fn after_reasoning(self) -> ConstraintSpec {
+        match self {
+            ConstraintSpec::JsonSchema(schema) => ConstraintSpec::Lark(format!(
+                "start: think /[ \\t\\r\\n]*/ answer\nthink[suffix=\"</think>\"]: /(?s:.*)/\nanswer: %json {}\n",
+                compact(&schema)
+            )),
+            lark => lark,
+        }
+    }
+}
+
+/// `schema` asking for compact JSON unless it says otherwise: a model that may emit whitespace
+/// anywhere can spend its whole budget on it.
+fn compact(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false, "lenient": true}));
+    }
+    schema
+}
+
 /// Builds grammars against one model's vocabulary.
 #[derive(Clone)]
 pub struct GrammarCompiler {
@@ -45,15 +69,7 @@ impl GrammarCompiler {
     /// A fresh grammar state for one sequence.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Grammar> {
         let grammar = match spec {
-            ConstraintSpec::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                // Compact JSON unless the schema says otherwise: a model that may emit whitespace
-                // anywhere can spend its whole budget on it.
-                if let Some(obj) = schema.as_object_mut() {
-                    obj.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false, "lenient": true}));
-                }
-                TopLevelGrammar::from_json_schema(schema)
-            }
+            ConstraintSpec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact(schema)),
             ConstraintSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
         };
         let parser = self.factory.create_parser(grammar).map_err(grammar_err)?;
@@ -120,8 +136,8 @@ impl TokenMask {
 }
 
 /// The JSON schema OpenAI's `tool_choice: "required"` implies (vLLM's form): a non-empty array of
-/// `{"name": ..., "parameters": ...}` calls to the given tools.
-pub fn required_tool_calls_schema(tools: &[Value]) -> Value {
+/// `{"name": ..., "parameters": ...}` calls to the given tools, at most one when not `parallel`.
+pub fn required_tool_calls_schema(tools: &[Value], parallel: bool) -> Value {
     let calls: Vec<Value> = tools
         .iter()
         .map(|t| t.get("function").unwrap_or(t))
@@ -131,8 +147,13 @@ pub fn required_tool_calls_schema(tools: &[Value]) -> Value {
                 "type": "object",
                 "properties": {"name": {"type": "string", "enum": [f["name"]]}, "parameters": params},
                 "required": ["name", "parameters"],
+                "additionalProperties": false,
             })
         })
         .collect();
-    json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+    let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+    if !parallel {
+        schema["maxItems"] = json!(1);
+    }
+    schema
 }

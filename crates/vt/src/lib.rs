@@ -25,7 +25,7 @@ pub use chat::ChatInput;
 pub use engine::{CancelToken, Engine, EngineConfig, EngineHandle, Event, Finish, Request, Sink, SubmitError};
 pub use generate::{generate, generate_with, GenerateOptions, Generation};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
-pub use text::{ChatMessage, Detokenizer, StopStrings, Tokenizer};
+pub use text::{ChatMessage, ChatPrompt, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
 pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
 

@@ -28,6 +28,8 @@ pub struct Tokenizer {
     /// The text of each special token, longest first (so a longer one is matched before its prefix).
     specials: Vec<String>,
     chat_template: Option<String>,
+    /// `tokenizer.json` as read, for the grammar engine's own view of the vocabulary.
+    json: Vec<u8>,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -52,8 +54,9 @@ impl Tokenizer {
         if !path.exists() {
             return Ok(None);
         }
+        let json = std::fs::read(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
         let inner =
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| text_err(format!("{}: {e}", path.display())))?;
+            tokenizers::Tokenizer::from_bytes(&json).map_err(|e| text_err(format!("{}: {e}", path.display())))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: serde_json::Value = match std::fs::read_to_string(&cfg_path) {
             Ok(s) => serde_json::from_str(&s).map_err(|e| text_err(format!("{}: {e}", cfg_path.display())))?,
@@ -83,6 +86,7 @@ impl Tokenizer {
             plain,
             specials,
             chat_template,
+            json,
             bos_token: special_token(&cfg, "bos_token"),
             eos_token: special_token(&cfg, "eos_token"),
         }))
@@ -117,6 +121,21 @@ impl Tokenizer {
         self.chat_template.is_some()
     }
 
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Uses `template` instead of the checkpoint's chat template.
+    pub fn set_chat_template(&mut self, template: String) {
+        self.chat_template = Some(template);
+    }
+
+    /// The grammar engine's index of this vocabulary (`vocab`: the model's logits width; `stop`:
+    /// the ids that end a sequence).
+    pub fn grammar_compiler(&self, stop: &[u32], vocab: usize) -> Result<crate::grammar::GrammarCompiler> {
+        crate::grammar::GrammarCompiler::new(&self.json, stop, vocab)
+    }
+
     /// Renders the chat template for plain text messages, as transformers'
     /// `apply_chat_template(tokenize=False)`.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
@@ -142,8 +161,14 @@ impl Tokenizer {
     /// (messages, tools, template kwargs) is tokenized as plain text unless `allow_special`; only
     /// the template's own markers become control tokens.
     pub fn encode_chat(&self, input: &ChatInput, allow_special: bool) -> Result<Vec<u32>> {
+        Ok(self.chat_prompt(input, allow_special)?.ids)
+    }
+
+    /// `encode_chat`, with the rendered text.
+    pub fn chat_prompt(&self, input: &ChatInput, allow_special: bool) -> Result<ChatPrompt> {
         if allow_special {
-            return self.encode(&self.render_chat(input)?, false);
+            let text = self.render_chat(input)?;
+            return Ok(ChatPrompt { ids: self.encode(&text, false)?, text });
         }
         let messages: Vec<Value> = input.messages.iter().map(|v| self.escape_specials(v)).collect();
         let tools: Option<Vec<Value>> = input.tools.map(|t| t.iter().map(|v| self.escape_specials(v)).collect());
@@ -154,6 +179,7 @@ impl Tokenizer {
         let text =
             self.render_chat(&ChatInput { messages: &messages, tools: tools.as_deref(), kwargs: &kwargs, ..*input })?;
         let mut ids = Vec::new();
+        let mut plain_text = String::with_capacity(text.len());
         for (i, part) in text.split(ESCAPE_OPEN).enumerate() {
             // Every part after the first starts with an escaped special token's index.
             let (escaped, rest) = match (i, part.split_once(ESCAPE_CLOSE)) {
@@ -162,12 +188,14 @@ impl Tokenizer {
             };
             if let Some(escaped) = escaped {
                 ids.extend(self.plain.encode(escaped, false).map_err(text_err)?.get_ids());
+                plain_text.push_str(escaped);
             }
             if !rest.is_empty() {
                 ids.extend(self.encode(rest, false)?);
+                plain_text.push_str(rest);
             }
         }
-        Ok(ids)
+        Ok(ChatPrompt { text: plain_text, ids })
     }
 
     /// The text escape `k` stands for: a special token, or (past them) the escape character itself.
@@ -208,6 +236,12 @@ impl Tokenizer {
             other => other.clone(),
         }
     }
+}
+
+/// A rendered chat prompt and its token ids.
+pub struct ChatPrompt {
+    pub text: String,
+    pub ids: Vec<u32>,
 }
 
 /// Brackets of an escaped special token in a rendered prompt (private-use characters: text

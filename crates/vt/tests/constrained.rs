@@ -110,3 +110,28 @@ fn logprobs_are_the_log_softmax_of_the_model_logits() {
         }
     }
 }
+
+/// After a prompt that opens `<think>`, the grammar lets the model reason freely and holds the
+/// schema from `</think>` on.
+#[test]
+fn constraint_after_reasoning_allows_free_thought_then_the_schema() {
+    let dir = repo_root().join("models/default");
+    let tok = Tokenizer::load(&dir).unwrap().unwrap();
+    let eos = tok.eos_id().unwrap();
+    let compiler = tok.grammar_compiler(&[eos], 3072).unwrap();
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+    let spec = ConstraintSpec::JsonSchema(schema).after_reasoning();
+    let walk = |text: &str| -> Option<vt::grammar::Grammar> {
+        let mut g = compiler.compile(&spec).unwrap();
+        for id in tok.encode(text, false).unwrap() {
+            if !g.mask().unwrap().allows(id) {
+                return None;
+            }
+            g.accept(id).unwrap();
+        }
+        Some(g)
+    };
+    let mut done = walk("any thought {\"ok\": 1} here</think>\n\n{\"ok\":true}").expect("reasoning then the schema");
+    assert!(done.mask().unwrap().allows(eos), "complete: the stop token is allowed");
+    assert!(walk("thought</think>\n\nnot json").is_none(), "after </think> only the schema");
+}

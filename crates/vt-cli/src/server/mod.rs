@@ -4,10 +4,12 @@
 //! Concurrent requests are batched by the engine. Bad requests get OpenAI-style error bodies
 //! (400/404); a full queue gets 429; a client that goes away cancels its request.
 
+mod agent;
+mod choice;
 mod error;
 mod handlers;
 mod request;
-mod stream;
+mod respond;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -19,6 +21,8 @@ use axum::{Json, Router};
 use serde_json::json;
 use vt::{EngineHandle, Tokenizer};
 
+pub use agent::AgentConfig;
+
 use handlers::{chat_completions, completions, models};
 
 /// What the handlers share.
@@ -27,12 +31,23 @@ pub struct AppState {
     pub tokenizer: Option<Tokenizer>,
     /// The name `/v1/models` reports and requests may give as `model`.
     pub model_id: String,
+    /// Tool-call format, reasoning, special tokens in messages, constrained decoding.
+    pub agent: AgentConfig,
     next_id: AtomicU64,
 }
 
 impl AppState {
+    /// With the model's own agent settings (`AgentConfig::for_model`).
     pub fn new(engine: EngineHandle, tokenizer: Option<Tokenizer>, model_id: String) -> Self {
-        AppState { engine, tokenizer, model_id, next_id: AtomicU64::new(1) }
+        let spec = engine.spec();
+        let stop: Vec<u32> = tokenizer
+            .as_ref()
+            .and_then(Tokenizer::eos_id)
+            .into_iter()
+            .chain(spec.eos_token_ids.iter().copied())
+            .collect();
+        let agent = AgentConfig::for_model(tokenizer.as_ref(), spec.family, &stop, spec.vocab);
+        AppState { engine, tokenizer, model_id, agent, next_id: AtomicU64::new(1) }
     }
 }
 

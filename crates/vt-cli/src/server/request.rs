@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use vt::{ChatMessage, Request, SamplingParams, Tokenizer};
+use vt::{Request, SamplingParams, Tokenizer};
 
 use super::error::ApiError;
 use super::{now, AppState};
@@ -41,21 +41,6 @@ pub struct Common {
     pub stop: Option<OneOrMany<String>>,
     #[serde(default)]
     pub stream: bool,
-    pub n: Option<usize>,
-}
-
-#[derive(Deserialize)]
-pub struct CompletionBody {
-    pub prompt: Prompt,
-    #[serde(flatten)]
-    pub common: Common,
-}
-
-#[derive(Deserialize)]
-pub struct ChatBody {
-    pub messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    pub common: Common,
 }
 
 pub fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -77,9 +62,6 @@ pub fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) ->
             message: format!("the model `{m}` does not exist; this server serves `{}`", s.model_id),
         });
     }
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported"));
-    }
     let stops = match c.stop {
         None => vec![],
         Some(OneOrMany::One(s)) => vec![s],
@@ -97,6 +79,7 @@ pub fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) ->
         repetition_penalty: c.repetition_penalty.unwrap_or(d.repetition_penalty),
         presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
+        logit_bias: vec![],
         seed,
     };
     let stop_token_ids = s
@@ -107,5 +90,9 @@ pub fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) ->
         .chain(s.engine.spec().eos_token_ids.iter().copied())
         .collect();
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(default_max);
-    Ok(Prepared { req: Request { prompt, max_tokens, sampling, stop_token_ids }, stops, stream: c.stream })
+    Ok(Prepared {
+        req: Request { prompt, max_tokens, sampling, stop_token_ids, ..Default::default() },
+        stops,
+        stream: c.stream,
+    })
 }
