@@ -11,7 +11,8 @@ __device__ __forceinline__ void lp_better(float& bv, int& bi, float ov, int oi) 
     if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
 }
 
-// lp_out[r * (k + 1)]: chosen[r]'s log-probability, then the k top ones; id_out[r * k + j]: their ids.
+// lp_out[r * (k + 1)]: chosen[r]'s log-probability, then the k top ones; id_out[r * k + j]: their
+// ids, -1 past the row's values that are not NaN.
 extern "C" __global__ void top_logprobs(float* lp_out, int* id_out, const bf16* x, const unsigned* chosen, int n, int k) {
     __shared__ float red[32];
     __shared__ float cv[32];
@@ -54,7 +55,7 @@ extern "C" __global__ void top_logprobs(float* lp_out, int* id_out, const bf16* 
         for (int o = 16; o > 0; o >>= 1) lp_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
         if (threadIdx.x == 0) {
             lp[1 + j] = bi < 0 ? __int_as_float(0xff800000) : bv - lse;
-            id_out[(long long)blockIdx.x * k + j] = bi < 0 ? 0 : bi;
+            id_out[(long long)blockIdx.x * k + j] = bi;
         }
         pv = bv;
         pi = bi;

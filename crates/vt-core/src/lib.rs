@@ -16,7 +16,7 @@ pub mod weights;
 
 pub use backend::{
     argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep,
-    KvGrowth, KvOps, MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording,
+    KvGrowth, KvOps, MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording, TokenLogprobs,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

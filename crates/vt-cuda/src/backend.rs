@@ -9,7 +9,7 @@ use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvGrowth, Linear, MemoryStats, MoeExperts,
-    NormKind, Result, Rope, Router, SharedExpert, Tensor,
+    NormKind, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
 };
 
 use crate::alloc::CudaBuffer;
@@ -81,6 +81,10 @@ impl Device for CudaBackend {
 
     fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
         crate::ops::argmax::argmax_rows(self, x)
+    }
+
+    fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
+        crate::ops::logprobs::top_logprobs_rows(self, x, chosen, k)
     }
 
     fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {

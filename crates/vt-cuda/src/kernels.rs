@@ -118,6 +118,7 @@ kernels! {
     "elementwise.cu" => [embedding, add, swiglu, gate, narrow_cols],
     "rope.cu" => [rope, rope_seqs],
     "argmax.cu" => [argmax_part, argmax_rows],
+    "logprobs.cu" => [top_logprobs],
     "linear.cu" => [linear_rows],
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],

@@ -943,6 +943,40 @@ fn argmax_rows_on_the_device_is_the_greedy_rule() {
     }
 }
 
+/// Logprobs on the device are vt-core's reference (`token_logprobs`) over the same bf16 rows: the
+/// same top ids in the same order (ties: lower id first, NaNs skipped, -inf kept), values within
+/// the rounding of the device's log-sum-exp: it adds 1024 per-thread parts in f32, a relative
+/// error of at most 1024 * 2^-24 = 6e-5 in the sum and so in absolute terms in its log.
+#[test]
+fn top_logprobs_on_the_device_match_the_reference() {
+    let gpu = &cuda();
+    let cpu = CpuBackend::new();
+    let mut r = Rng(0x1095);
+    for (n, k) in [(248_320, 20), (1000, 5), (33, 33), (3, 5)] {
+        let mut rows: Vec<Vec<f32>> = (0..4).map(|_| r.vec(n, 8.0)).collect();
+        if n > 2 {
+            rows[1][n / 2] = f32::NAN;
+            rows[2].iter_mut().step_by(3).for_each(|v| *v = -f32::INFINITY);
+        }
+        let flat: Vec<f32> = rows.concat();
+        let chosen: Vec<u32> = (0..rows.len()).map(|i| ((i * 7919) % n) as u32).collect();
+        let x = gpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        let got = gpu.top_logprobs_rows(&x, &chosen, k).unwrap();
+        let host = cpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        assert_eq!(cpu.top_logprobs_rows(&host, &chosen, k).unwrap().len(), rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let want = vt_core::backend::token_logprobs(row, chosen[i], k);
+            let ids = |t: &[(u32, f32)]| t.iter().map(|p| p.0).collect::<Vec<_>>();
+            assert_eq!(ids(&got[i].top), ids(&want.top), "width {n}, row {i}");
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs()) || a == b;
+            assert!(close(got[i].logprob, want.logprob), "width {n}, row {i}: {} vs {}", got[i].logprob, want.logprob);
+            for (g, w) in got[i].top.iter().zip(&want.top) {
+                assert!(close(g.1, w.1), "width {n}, row {i}: {} vs {}", g.1, w.1);
+            }
+        }
+    }
+}
+
 fn norm_weight<B: Backend>(b: &B, w: &[f32], f32_weight: bool) -> Tensor<B> {
     if f32_weight {
         b.upload(DType::F32, &[w.len()], bytemuck_f32(w)).unwrap()

@@ -183,7 +183,8 @@ struct Spare<B: Backend> {
 
 /// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
 enum Picks {
-    Ids(Vec<u32>),
+    /// Greedy picks, with their logprobs when a sequence asks for them.
+    Ids(Vec<u32>, Option<Vec<TokenLogprobs>>),
     Logits(Vec<f32>),
 }
 
@@ -264,9 +265,11 @@ impl<B: Backend> Engine<B> {
         // A sequence needs a token when this step ends its pending tokens. When all that do are
         // greedy and plain, the tokens are picked where the logits are and only they are read back.
         let needs_token = |s: &Running<B>, n: usize| n > 0 && n == s.pending.len();
-        let greedy = (self.running.iter().zip(&take)).all(|(s, &n)| {
-            !needs_token(s, n) || (s.sampler.is_greedy() && s.grammar.is_none() && s.logprobs.is_none())
-        });
+        let greedy = (self.running.iter().zip(&take))
+            .all(|(s, &n)| !needs_token(s, n) || (s.sampler.is_greedy() && s.grammar.is_none()));
+        // Greedy picks' logprobs are computed where the logits are, for the most any sequence asks.
+        let top_k =
+            (self.running.iter().zip(&take)).filter(|(s, &n)| needs_token(s, n)).filter_map(|(s, _)| s.logprobs).max();
         let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
             .running
             .iter_mut()
@@ -285,7 +288,16 @@ impl<B: Backend> Engine<B> {
             .collect();
         let backend = self.model.backend();
         let picks = logits.and_then(|l| {
-            Ok(if greedy { Picks::Ids(backend.argmax_rows(&l)?) } else { Picks::Logits(backend.to_f32(&l)?) })
+            Ok(if greedy {
+                let ids = backend.argmax_rows(&l)?;
+                let logprobs = match top_k {
+                    Some(k) => Some(backend.top_logprobs_rows(&l, &ids, k)?),
+                    None => None,
+                };
+                Picks::Ids(ids, logprobs)
+            } else {
+                Picks::Logits(backend.to_f32(&l)?)
+            })
         });
         let ran = take.iter().sum();
         let picks = match picks {
@@ -310,7 +322,14 @@ impl<B: Backend> Engine<B> {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
             let (id, logprobs) = match &picks {
-                Picks::Ids(ids) => (s.sampler.accept(ids[row - 1]), None),
+                Picks::Ids(ids, lps) => {
+                    let lp = s.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
+                        let mut lp = lps[row - 1].clone();
+                        lp.top.truncate(k);
+                        lp
+                    });
+                    (s.sampler.accept(ids[row - 1]), lp)
+                }
                 Picks::Logits(logits) => {
                     let raw = &logits[(row - 1) * vocab..row * vocab];
                     let id = match masks[i].take() {

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+pub use vt_core::backend::{token_logprobs, TokenLogprobs};
 use vt_core::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -183,30 +184,6 @@ impl Sampler {
         }
         cands.first().map_or(argmax as u32, |c| c.0)
     }
-}
-
-/// The log-probabilities of one generated token: its own and the `top` most likely ones (most
-/// likely first), from the model's raw logits (before penalties, biases and grammar masks).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprobs {
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
-
-/// `log_softmax(row)[chosen]` and the `k` largest entries of it (ties: lower id first).
-pub fn token_logprobs(row: &[f32], chosen: u32, k: usize) -> TokenLogprobs {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + row.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in row.iter().enumerate() {
-        if top.len() < k || top.last().is_some_and(|&(_, m)| l > m) {
-            let at = top.partition_point(|&(_, m)| m >= l);
-            top.insert(at, (i as u32, l));
-            top.truncate(k);
-        }
-    }
-    let logprob = row.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
-    TokenLogprobs { logprob, top: top.into_iter().map(|(i, l)| (i, l - lse)).collect() }
 }
 
 /// A small seeded generator: sampling must be reproducible from `seed` alone.

@@ -133,7 +133,8 @@ impl ToolParser {
 
     /// Content, except whitespace between or after calls (the template's own separators).
     fn content(&self, text: String, out: &mut Vec<ToolDelta>) {
-        if !text.is_empty() && !(self.calls > 0 && text.trim().is_empty()) {
+        let separator = self.calls > 0 && text.trim().is_empty();
+        if !text.is_empty() && !separator {
             out.push(ToolDelta::Content(text));
         }
     }

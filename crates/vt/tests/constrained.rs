@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use vt::grammar::{ConstraintSpec, GrammarCompiler};
-use vt::{Backend, CpuBackend, Engine, EngineConfig, Event, Logits, Model, Request, SamplingParams, Tokenizer};
+use vt::{CpuBackend, Engine, EngineConfig, Event, Logits, Model, Request, SamplingParams, Tokenizer};
+use vt_core::Device;
 use vt_test_support::repo_root;
 
 fn run(engine: &mut Engine<CpuBackend>, req: Request) -> Vec<Event> {

@@ -8,6 +8,45 @@ use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
 use crate::Result;
 
+/// The log-probabilities of one generated token: its own and the `top` most likely ones (most
+/// likely first), from the model's raw logits (before penalties, biases and grammar masks).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `log_softmax(row)[chosen]` and the `k` largest entries of it (ties: lower id first; NaNs
+/// never count), the reference `Device::top_logprobs_rows` computes per row.
+pub fn token_logprobs(row: &[f32], chosen: u32, k: usize) -> TokenLogprobs {
+    let values = || row.iter().copied().filter(|v| !v.is_nan());
+    let max = values().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + values().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in row.iter().enumerate().filter(|(_, l)| !l.is_nan()) {
+        if top.len() < k || top.last().is_some_and(|&(_, m)| l > m) {
+            let at = top.partition_point(|&(_, m)| m >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(k);
+        }
+    }
+    let logprob = row.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
+    TokenLogprobs { logprob, top: top.into_iter().map(|(i, l)| (i, l - lse)).collect() }
+}
+
+/// `Device::top_logprobs_rows` from the rows read back.
+pub fn top_logprobs_rows<B: Device>(b: &B, x: &Tensor<B>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
+    let width = x.last_dim();
+    if width == 0 || chosen.len() != x.rows() {
+        return Err(crate::Error::input(format!(
+            "top_logprobs_rows: {} chosen ids for logits {:?}",
+            chosen.len(),
+            x.shape()
+        )));
+    }
+    Ok(b.to_f32(x)?.chunks(width).zip(chosen).map(|(row, &c)| token_logprobs(row, c, k)).collect())
+}
+
 /// `Device::argmax_rows` from the rows read back.
 pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>) -> Result<Vec<u32>> {
     let width = x.last_dim();

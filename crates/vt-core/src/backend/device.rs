@@ -1,6 +1,7 @@
 //! The bottom layer: a backend's identity, its memory and the transfers in and out of it. Every
 //! other layer builds on this one, and `Tensor<B>` needs only it.
 
+use super::composed::TokenLogprobs;
 use crate::tensor::Tensor;
 use crate::{DType, Result};
 
@@ -41,6 +42,13 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// indices; the default reads the rows back.
     fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
         super::composed::argmax_rows(self, x)
+    }
+
+    /// For each row r of logits `x`: the log-softmax value of `chosen[r]` and the `k` largest
+    /// (`composed::token_logprobs`, the API's logprobs). A backend may compute them where the
+    /// logits are and read back only those; the default reads the rows back.
+    fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
+        super::composed::top_logprobs_rows(self, x, chosen, k)
     }
 
     /// Random contents at `shape` (dummy weights for benchmarks); values as `random::random_bytes`

@@ -14,6 +14,7 @@ pub(crate) mod attention;
 pub(crate) mod elementwise;
 pub(crate) mod gdn;
 pub(crate) mod linear;
+pub(crate) mod logprobs;
 pub(crate) mod moe;
 pub(crate) mod norm;
 pub(crate) mod random;
