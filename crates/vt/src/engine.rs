@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
+use rayon::prelude::*;
 use vt_core::{Backend, Error};
 use vt_models::{Model, ModelSpec, SeqState, StateBytes};
 
@@ -283,9 +284,13 @@ impl<B: Backend> Engine<B> {
         let logits = self.model.forward_batch(&mut batch);
         drop(batch);
         // While the device runs the step, the grammars work out their masks on the CPU.
-        let mut masks: Vec<Option<crate::Result<TokenMask>>> = (self.running.iter_mut().zip(&take))
-            .map(|(s, &n)| if needs_token(s, n) { s.grammar.as_mut().map(Grammar::mask) } else { None })
+        // Across host threads: a batch of constrained sequences costs about one mask's time.
+        let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&take))
+            .map(|(s, &n)| if needs_token(s, n) { s.grammar.as_mut() } else { None })
             .collect();
+        let mut masks: Vec<Option<crate::Result<TokenMask>>> =
+            grammars.par_iter_mut().map(|g| g.as_mut().map(|g| g.mask())).collect();
+        drop(grammars);
         let backend = self.model.backend();
         let picks = logits.and_then(|l| {
             Ok(if greedy {
