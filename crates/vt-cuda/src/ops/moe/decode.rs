@@ -141,11 +141,11 @@ pub(crate) fn moe_block(
     };
     let slots = top_k + sh.present as usize;
 
-    // One scratch block: the slots' down matrices [t * slots] WeightDesc (32 bytes each) first,
-    // then act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0), logits [t, n_exp + 1]
-    // f32, slot ids i32 and slot weights f32 [t * slots].
+    // One scratch block: the slots' down matrices [t * slots] WeightDesc first, padded to 16 bytes,
+    // then act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0, and the kernels read
+    // them as float4), logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
     let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
-    let desc_bytes = std::mem::size_of::<WeightDesc>() * n_slots;
+    let desc_bytes = (std::mem::size_of::<WeightDesc>() * n_slots).next_multiple_of(16);
     let scratch = b.buffer(desc_bytes + 4 * (n_act + n_logits + 2 * n_slots))?;
     let p_down = scratch.ptr();
     let p_act = p_down + desc_bytes as u64;
