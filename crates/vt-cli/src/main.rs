@@ -1,14 +1,20 @@
 //! `vt`: run MoE language models from Hugging Face checkpoints.
 
-use std::io::{BufRead, Write};
+mod builtin;
+mod chat;
+
+use std::io::Write;
+use std::net::ToSocketAddrs;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use vt::{Backend, ChatMessage, Detokenizer, EngineConfig, EngineHandle, Logits, Model, SamplingParams, Tokenizer};
+use vt::{Backend, Detokenizer, EngineConfig, EngineHandle, Logits, Model, SamplingParams, Tokenizer};
 use vt_cli::bench::{self, LoadFormat};
-use vt_cli::server;
+use vt_cli::server::{self, BodyLimits, ServerConfig, Transport};
 
 #[derive(Parser)]
 #[command(name = "vt", version, about = "Serve sparse mixture-of-experts language models")]
@@ -25,9 +31,10 @@ enum BackendKind {
 
 #[derive(clap::Args)]
 struct ModelArgs {
-    /// Checkpoint directory (config.json + *.safetensors). Defaults to the built-in model.
+    /// Checkpoint directory (config.json + *.safetensors), or a hub id (`Qwen/Qwen3.6-35B-A3B`)
+    /// already in the local Hugging Face cache. Defaults to the built-in model.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<String>,
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendKind,
 }
@@ -37,7 +44,7 @@ struct SampleArgs {
     /// 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = count(0, 1 << 24))]
     top_k: usize,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
@@ -63,20 +70,71 @@ impl SampleArgs {
     }
 }
 
+/// A parser of whole numbers in `lo..=hi`: every count a flag takes is bounded, so no value can
+/// overflow an allocation or a product.
+fn count(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s| match s.parse::<usize>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a whole number from {lo} to {hi}")),
+    }
+}
+
+/// Tokens any one flag may ask for: 16 Mi, beyond every supported model's context.
+const MAX_TOKENS: usize = 1 << 24;
+
 #[derive(clap::Args)]
 struct EngineArgs {
     /// Most sequences running at once.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = count(1, 4096))]
     max_seqs: usize,
     /// Most tokens per batched step (decodes plus prompt chunks).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = count(1, MAX_TOKENS))]
     max_batch_tokens: usize,
-    /// Most requests waiting to start; more get 429.
-    #[arg(long, default_value_t = 256)]
+    /// Most requests waiting for a free sequence slot, beyond those running; more get 429.
+    #[arg(long, default_value_t = 256, value_parser = count(0, 1 << 20))]
     max_queue: usize,
     /// Memory for sequence state (KV cache, linear-attention state), in MiB; unlimited if unset.
-    #[arg(long)]
+    #[arg(long, value_parser = count(1, 1 << 30))]
     memory_budget_mib: Option<usize>,
+    /// Longest sequence (prompt plus generated tokens); the checkpoint's max_position_embeddings
+    /// (or 4096 where it states none) if unset, and never more.
+    #[arg(long, value_parser = count(2, MAX_TOKENS))]
+    max_model_len: Option<usize>,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model's name in `/v1/models` and in requests; the checkpoint directory's name if unset.
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer <KEY>` on `/v1/*` and `/metrics` (`/health` stays open).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Browser origins allowed to call the API (CORS), comma-separated; `*` for any. None if unset.
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// `max_tokens` of a chat request that sets none (capped by the context left).
+    #[arg(long, default_value_t = 1024, value_parser = count(1, MAX_TOKENS))]
+    default_max_tokens: usize,
+    /// Seconds a client has to send a request's head, and an idle kept-alive connection stays open.
+    #[arg(long, default_value_t = 10, value_parser = count(1, 3600))]
+    header_timeout_secs: usize,
+    /// Seconds a client has to send a whole request body.
+    #[arg(long, default_value_t = 30, value_parser = count(1, 3600))]
+    body_timeout_secs: usize,
+    /// Largest request body, in MiB.
+    #[arg(long, default_value_t = 16, value_parser = count(1, 1024))]
+    max_body_mib: usize,
+    /// Most connections open at once (the file-descriptor limit is raised to fit, where allowed).
+    #[arg(long, default_value_t = 1024, value_parser = count(1, 1 << 20))]
+    max_connections: usize,
+    /// Seconds a shutdown (SIGINT, SIGTERM) waits for in-flight requests; a second signal exits at once.
+    #[arg(long, default_value_t = 30, value_parser = count(0, 3600))]
+    drain_timeout_secs: usize,
 }
 
 #[derive(clap::Args)]
@@ -120,7 +178,8 @@ enum Command {
         /// Comma-separated prompt token ids, e.g. 1,2,3 (generation then ignores EOS).
         #[arg(long, value_delimiter = ',')]
         prompt_ids: Option<Vec<u32>>,
-        #[arg(long, default_value_t = 64)]
+        /// At most the model's context less the prompt.
+        #[arg(long, default_value_t = 64, value_parser = count(1, MAX_TOKENS))]
         max_new_tokens: usize,
         #[command(flatten)]
         sample: SampleArgs,
@@ -128,11 +187,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Chat interactively through the model's chat template (one line per turn; empty line ends).
+    /// Chat through the model's chat template: line editing and history; Ctrl-C stops a reply,
+    /// Ctrl-D (or an empty line) ends.
     Chat {
         #[command(flatten)]
         model: ModelArgs,
-        #[arg(long, default_value_t = 256)]
+        /// Per reply; at most the context left.
+        #[arg(long, default_value_t = 256, value_parser = count(1, MAX_TOKENS))]
         max_new_tokens: usize,
         #[command(flatten)]
         sample: SampleArgs,
@@ -141,10 +202,8 @@ enum Command {
     Serve {
         #[command(flatten)]
         model: ModelArgs,
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
+        #[command(flatten)]
+        serve: ServeArgs,
         #[command(flatten)]
         engine: EngineArgs,
         #[command(flatten)]
@@ -154,17 +213,17 @@ enum Command {
     Bench {
         #[command(flatten)]
         model: ModelArgs,
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = count(1, 4096))]
         batch: Vec<usize>,
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = count(1, 1 << 20))]
         prompt_len: usize,
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = count(1, 1 << 20))]
         gen_len: usize,
         /// `dummy`: random weights at config.json's shapes (the directory needs only config.json).
         #[arg(long, value_enum, default_value = "auto")]
         load_format: LoadFormat,
         /// Keep only the first N layers (a cheaper run at full width).
-        #[arg(long)]
+        #[arg(long, value_parser = count(1, 1 << 16))]
         num_layers: Option<usize>,
         /// Decode without recorded steps (CUDA graphs): every op launched from the host.
         #[arg(long)]
@@ -176,10 +235,59 @@ enum Command {
     },
 }
 
-/// The built-in default model (`models/default`, trained by tools/train_default), used when
-/// `--model` is omitted.
-fn default_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/default")
+/// The checkpoint directory `--model` names: a directory, a hub id in the local Hugging Face
+/// cache, or (unset) the built-in model.
+fn model_dir(model: Option<&str>) -> AnyResult<PathBuf> {
+    let Some(m) = model else { return Ok(builtin::model_dir()?) };
+    let path = PathBuf::from(m);
+    // `owner/name`, not a path that exists: a hub id.
+    let hub_id =
+        !path.exists() && !m.starts_with(['/', '.', '~']) && m.split('/').filter(|p| !p.is_empty()).count() == 2;
+    if !hub_id {
+        return Ok(path);
+    }
+    let env = |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let cache = env("HF_HUB_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))
+        .ok_or("--model: no Hugging Face cache (set HF_HOME or HF_HUB_CACHE)")?;
+    let config = hf_hub::Cache::new(cache.clone()).model(m.to_string()).get("config.json");
+    match config.as_deref().and_then(Path::parent) {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => Err(format!(
+            "--model {m}: neither a directory nor a model in the local Hugging Face cache at {} (this build does \
+             not download; fetch it first, e.g. `hf download {m}`)",
+            cache.display()
+        )
+        .into()),
+    }
+}
+
+/// The longest sequence a checkpoint takes (prompt plus generated): its max_position_embeddings,
+/// or 4096 where it states none.
+fn context(dir: &Path) -> AnyResult<usize> {
+    Ok(vt::context_limit(dir)?.unwrap_or(4096))
+}
+
+/// An error unless `prompt` tokens plus `max_new` generated fit the context `ctx`.
+fn check_fits(prompt: usize, max_new: usize, ctx: usize) -> AnyResult<()> {
+    if prompt == 0 {
+        return Err("the prompt is empty".into());
+    }
+    if prompt >= ctx {
+        return Err(format!(
+            "the prompt has {prompt} tokens; the model's context is {ctx} (prompt plus at least one generated)"
+        )
+        .into());
+    }
+    if max_new > ctx - prompt {
+        return Err(format!(
+            "--max-new-tokens {max_new} with a {prompt}-token prompt passes the model's context of {ctx} tokens (at most {})",
+            ctx - prompt
+        )
+        .into());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -213,7 +321,7 @@ fn run(cli: Cli) -> AnyResult<()> {
 
 /// Loads the weights with a progress bar (bytes uploaded) on a terminal.
 fn load<B: Backend>(backend: &B, args: &ModelArgs) -> AnyResult<(Model<B>, PathBuf)> {
-    let dir = args.model.clone().unwrap_or_else(default_model);
+    let dir = model_dir(args.model.as_deref())?;
     let bar = indicatif::ProgressBar::new(0)
         .with_style(
             indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes}")
@@ -226,7 +334,10 @@ fn load<B: Backend>(backend: &B, args: &ModelArgs) -> AnyResult<(Model<B>, PathB
         bar.set_position(done);
     });
     bar.finish_and_clear();
-    Ok((model?, dir))
+    let model = model?;
+    // Refuses a config whose context cannot work, before anything runs.
+    context(&dir)?;
+    Ok((model, dir))
 }
 
 fn tokenizer(dir: &Path) -> AnyResult<Tokenizer> {
@@ -244,7 +355,8 @@ where
 {
     match &cli.command {
         Command::Logits { model, prompt_ids, out } => {
-            let (m, _) = load(backend, model)?;
+            let (m, dir) = load(backend, model)?;
+            check_fits(prompt_ids.len(), 0, context(&dir)?)?;
             let mut state = m.new_state()?;
             let logits = backend.to_f32(&m.forward(prompt_ids, &mut state, Logits::All)?)?;
             let shape = vec![prompt_ids.len(), m.spec().vocab];
@@ -255,6 +367,7 @@ where
         }
         Command::Generate { model, prompt, prompt_ids, max_new_tokens, sample, json } => {
             let (m, dir) = load(backend, model)?;
+            let ctx = context(&dir)?;
             let mut opts = vt::GenerateOptions {
                 max_new_tokens: *max_new_tokens,
                 sampling: sample.params(),
@@ -265,6 +378,7 @@ where
                     let tok = tokenizer(&dir)?;
                     opts.stop_token_ids = stop_ids(&m, &tok);
                     let ids = tok.encode(text, true)?;
+                    check_fits(ids.len(), *max_new_tokens, ctx)?;
                     let mut out = std::io::stdout();
                     let mut detok = Detokenizer::new();
                     let mut all = text.clone();
@@ -274,12 +388,14 @@ where
                         all.push_str(&delta);
                         print!("{delta}");
                         let _ = out.flush();
+                        ControlFlow::Continue(())
                     })?;
                     let rest = detok.finish(&tok)?;
                     println!("{rest}");
                     (g, Some(all + &rest))
                 }
                 (None, Some(ids)) => {
+                    check_fits(ids.len(), *max_new_tokens, ctx)?;
                     let g = vt::generate(&m, ids, &opts)?;
                     if !json {
                         println!("{}", g.token_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
@@ -311,69 +427,50 @@ where
                 sampling: sample.params(),
                 stop_token_ids: stop_ids(&m, &tok),
             };
-            let mut messages = Vec::new();
-            let stdin = std::io::stdin();
-            loop {
-                eprint!("> ");
-                let mut line = String::new();
-                if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
-                    return Ok(());
-                }
-                messages.push(ChatMessage { role: "user".into(), content: line.trim_end().to_string() });
-                let ids = tok.encode(&tok.apply_chat_template(&messages, true)?, false)?;
-                let mut detok = Detokenizer::new();
-                let mut reply = String::new();
-                vt::generate_with(&m, &ids, &opts, |id| {
-                    let delta = detok.push(&tok, id).unwrap_or_default();
-                    reply.push_str(&delta);
-                    print!("{delta}");
-                    let _ = std::io::stdout().flush();
-                })?;
-                reply.push_str(&detok.finish(&tok)?);
-                println!();
-                messages.push(ChatMessage { role: "assistant".into(), content: reply });
-            }
+            chat::run(&m, &tok, opts, context(&dir)?)
         }
-        Command::Serve { model, host, port, engine, agent } => {
+        Command::Serve { model, serve, engine, agent } => {
             let (m, dir) = load(backend, model)?;
+            let ctx = context(&dir)?;
+            let max_context = match engine.max_model_len {
+                Some(n) if n > ctx => {
+                    return Err(format!("--max-model-len {n} passes the model's context of {ctx} tokens").into())
+                }
+                Some(n) => n,
+                None => ctx,
+            };
             let config = EngineConfig {
                 max_seqs: engine.max_seqs,
                 max_batch_tokens: engine.max_batch_tokens,
                 max_queue: engine.max_queue,
                 memory_budget: engine.memory_budget_mib.map(|mb| mb << 20),
-                max_context: vt::context_limit(&dir)?.unwrap_or(4096),
+                max_context,
             };
-            let name = dir
-                .canonicalize()
-                .unwrap_or(dir.clone())
-                .file_name()
-                .map_or("model".into(), |n| n.to_string_lossy().into_owned());
-            let mut tok = Tokenizer::load(&dir)?;
-            if let (Some(t), Some(path)) = (tok.as_mut(), &agent.chat_template) {
-                t.set_chat_template(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?);
+            let name = serve.served_model_name.clone().unwrap_or_else(|| {
+                let dir = dir.canonicalize().unwrap_or(dir.clone());
+                dir.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
+            });
+            let engine = EngineHandle::spawn(m, config);
+            engine.check_serviceable().map_err(|e| format!("--memory-budget-mib: {e}"))?;
+            // Responses are text: without a tokenizer they would be empty.
+            let mut tok = Tokenizer::load(&dir)?
+                .ok_or_else(|| format!("{} has no tokenizer.json, which serving needs", dir.display()))?;
+            if let Some(path) = &agent.chat_template {
+                tok.set_chat_template(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?);
             }
-            let mut state = server::AppState::new(EngineHandle::spawn(m, config), tok, name);
+            let mut state = server::AppState::new(engine, Some(tok), name);
             if let Some(name) = &agent.tool_call_parser {
                 state.agent.tool_format = vt::tool_parser::ToolFormat::from_name(name)
                     .ok_or_else(|| format!("--tool-call-parser {name}: not one of qwen3_xml, hermes, laguna"))?;
             }
             state.agent.reasoning = agent.reasoning_parser == "think";
             state.agent.special_tokens_in_messages = agent.special_tokens_in_messages;
-            let state = Arc::new(state);
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(async {
-                let listener = tokio::net::TcpListener::bind((host.as_str(), *port)).await?;
-                eprintln!("serving {} on http://{}", state.model_id, listener.local_addr()?);
-                let shutdown = async {
-                    let _ = tokio::signal::ctrl_c().await;
-                    eprintln!("shutting down: finishing in-flight requests");
-                };
-                server::serve(listener, state, shutdown).await
-            })?;
-            Ok(())
+            state.sampling = SamplingParams::from_generation_config(&dir, state.sampling.clone())?;
+            state.chat_max_tokens = serve.default_max_tokens;
+            serve_api(Arc::new(state), serve)
         }
         Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers, unrecorded, json_schema } => {
-            let dir = model.model.clone().unwrap_or_else(default_model);
+            let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!unrecorded);
             let bandwidth = match model.backend {
@@ -389,4 +486,46 @@ where
             Ok(())
         }
     }
+}
+
+/// Serves `state` as `args` say until SIGINT or SIGTERM, logging with `tracing` (`RUST_LOG`).
+fn serve_api(state: Arc<server::AppState>, args: &ServeArgs) -> AnyResult<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    let addr = (args.host.as_str(), args.port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| format!("--host {}: no address", args.host))?;
+    if !addr.ip().is_loopback() && args.api_key.is_none() {
+        tracing::warn!("serving on {addr}, beyond this machine, without --api-key: anyone who reaches it can use it");
+    }
+    // Each connection holds a descriptor: raise the soft limit to fit, where the hard one allows.
+    let fds = rlimit::increase_nofile_limit((args.max_connections + 64) as u64).unwrap_or(0);
+    let mut max_connections = args.max_connections;
+    if fds > 0 && fds < (max_connections + 64) as u64 {
+        max_connections = (fds as usize).saturating_sub(64).max(1);
+        tracing::warn!(
+            "--max-connections {}: the file-descriptor limit is {fds}; using {max_connections}",
+            args.max_connections
+        );
+    }
+    let secs = |n: usize| Duration::from_secs(n as u64);
+    let config = ServerConfig {
+        transport: Transport {
+            header_timeout: secs(args.header_timeout_secs),
+            max_connections,
+            drain_timeout: secs(args.drain_timeout_secs),
+        },
+        body: BodyLimits { max_bytes: args.max_body_mib << 20, timeout: secs(args.body_timeout_secs) },
+        api_key: args.api_key.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!("serving {} on http://{}", state.model_id, listener.local_addr()?);
+        server::serve_with(listener, state, &config, server::shutdown_signal()).await
+    })?;
+    Ok(())
 }

@@ -30,6 +30,9 @@ pub enum Error {
     UnsupportedModel(String),
     #[error("invalid input: {0}")]
     Input(String),
+    /// The model computed a NaN or an infinity where a number must come out (broken weights).
+    #[error("non-finite model output: {0}")]
+    NonFinite(String),
     #[error("backend {backend}: {reason}")]
     Backend { backend: &'static str, reason: String },
 }

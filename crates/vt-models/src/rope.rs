@@ -33,6 +33,10 @@ pub fn rope_from_params(
     default_partial: f64,
 ) -> Result<Rope> {
     let theta = num(cfg, p, "rope_theta")?.unwrap_or(default_theta);
+    // theta 0 makes every rotary frequency infinite (NaN attention); below 1 it inverts them.
+    if !(theta.is_finite() && theta > 1.0) {
+        return Err(cfg.error(&format!("{}.rope_theta", p.field), format!("{theta} must be a finite number above 1")));
+    }
     let partial = num(cfg, p, "partial_rotary_factor")?.unwrap_or(default_partial);
     let dim = (head_dim as f64 * partial) as usize;
     if dim == 0 || !dim.is_multiple_of(2) || dim > head_dim {

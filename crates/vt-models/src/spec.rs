@@ -120,12 +120,35 @@ impl ModelSpec {
     }
 }
 
+/// Larger than any size field of a real model (vocabularies included): a bound that keeps every
+/// product of sizes, and every per-layer list, in range.
+const MAX_SIZE: usize = 1 << 24;
+/// More layers than any real model has (per-layer lists are built at this length).
+const MAX_LAYERS: usize = 4096;
+
 fn positive(cfg: &Config, field: &str) -> Result<usize> {
     let v = cfg.usize(field)?;
-    if v == 0 {
-        return Err(cfg.error(field, "must be positive"));
+    if v == 0 || v > MAX_SIZE {
+        return Err(cfg.error(field, format!("{v} must be positive and at most {MAX_SIZE}")));
     }
     Ok(v)
+}
+
+fn layer_count(cfg: &Config) -> Result<usize> {
+    let n = positive(cfg, "num_hidden_layers")?;
+    if n > MAX_LAYERS {
+        return Err(cfg.error("num_hidden_layers", format!("{n} is more than {MAX_LAYERS}")));
+    }
+    Ok(n)
+}
+
+/// `rms_norm_eps`: a finite, non-negative number (a NaN or negative one makes every norm NaN).
+fn norm_eps(cfg: &Config) -> Result<f32> {
+    let eps = cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(cfg.error("rms_norm_eps", format!("{eps} must be a finite number, zero or above")));
+    }
+    Ok(eps as f32)
 }
 
 fn eos_ids(cfg: &Config) -> Result<Vec<u32>> {
@@ -159,7 +182,7 @@ fn base(cfg: &Config, family: Family, norm: NormKind) -> Result<ModelSpec> {
         family,
         hidden: positive(cfg, "hidden_size")?,
         vocab: positive(cfg, "vocab_size")?,
-        eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+        eps: norm_eps(cfg)?,
         norm,
         tie_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         layers: Vec::new(),
@@ -169,8 +192,8 @@ fn base(cfg: &Config, family: Family, norm: NormKind) -> Result<ModelSpec> {
 
 fn head_dim(cfg: &Config) -> Result<usize> {
     match cfg.opt_usize("head_dim")? {
-        Some(d) if d > 0 => Ok(d),
-        Some(_) => Err(cfg.error("head_dim", "must be positive")),
+        Some(d) if d > 0 && d <= MAX_SIZE => Ok(d),
+        Some(d) => Err(cfg.error("head_dim", format!("{d} must be positive and at most {MAX_SIZE}"))),
         None => Ok(positive(cfg, "hidden_size")? / positive(cfg, "num_attention_heads")?),
     }
 }
@@ -196,7 +219,7 @@ fn global_rope(cfg: &Config, head_dim: usize, default_partial: f64) -> Result<Ro
 
 fn qwen35(cfg: &Config) -> Result<ModelSpec> {
     let mut spec = base(cfg, Family::Qwen35Moe, NormKind::UnitOffset)?;
-    let n = positive(cfg, "num_hidden_layers")?;
+    let n = layer_count(cfg)?;
     let types = match per_layer(cfg, "layer_types", cfg.opt_str_list("layer_types")?, n)? {
         Some(t) => t,
         None => {
@@ -275,7 +298,7 @@ fn check_top_k(cfg: &Config, moe: &MoeSpec) -> Result<()> {
 
 fn laguna(cfg: &Config) -> Result<ModelSpec> {
     let mut spec = base(cfg, Family::Laguna, NormKind::Plain)?;
-    let n = positive(cfg, "num_hidden_layers")?;
+    let n = layer_count(cfg)?;
     let types = per_layer(cfg, "layer_types", cfg.opt_str_list("layer_types")?, n)?
         .unwrap_or_else(|| vec!["full_attention".into(); n]);
     let mlp_types = per_layer(cfg, "mlp_layer_types", cfg.opt_str_list("mlp_layer_types")?, n)?.unwrap_or_else(|| {
@@ -376,7 +399,7 @@ fn qwen3_moe(cfg: &Config) -> Result<ModelSpec> {
     } else {
         None
     };
-    let n = positive(cfg, "num_hidden_layers")?;
+    let n = layer_count(cfg)?;
     let hd = head_dim(cfg)?;
     let attn = AttnSpec {
         q_heads: positive(cfg, "num_attention_heads")?,

@@ -25,7 +25,8 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Most sequences running at once.
     pub max_seqs: usize,
-    /// Most requests waiting to start; more are refused with `SubmitError::QueueFull`.
+    /// Most requests waiting for a free sequence slot, beyond those running; more are refused
+    /// with `SubmitError::QueueFull`.
     pub max_queue: usize,
     /// Bytes of sequence state (KV cache, linear-attention state) running sequences, and the
     /// finished ones' states kept for reuse, may hold.
@@ -123,6 +124,12 @@ struct Limits {
 }
 
 impl Limits {
+    /// How many submitted requests not yet started the queue may hold while `running` sequences
+    /// run: those that will start in free slots, plus `max_queue` waiting beyond them.
+    fn waiting_room(&self, running: usize) -> usize {
+        self.config.max_queue + self.config.max_seqs.max(1).saturating_sub(running)
+    }
+
     /// Checks a request; returns the tokens it may generate and the bytes to reserve for it.
     fn admit(&self, req: &Request) -> Result<(usize, usize), SubmitError> {
         let invalid = |m: String| Err(SubmitError::Invalid(Error::input(m)));
@@ -200,8 +207,19 @@ pub struct Engine<B: Backend> {
     /// and dropped, oldest first, when a request would not fit the memory budget beside them.
     spare: VecDeque<Spare<B>>,
     spare_bytes: usize,
+    /// What a handle reads of this engine between steps.
+    shared: Arc<Shared>,
+}
+
+/// An engine's counts, published for its handle (queue bound, metrics).
+#[derive(Default)]
+struct Shared {
     /// Requests taken from the queue; a handle's waiting count goes down by this much.
-    admitted: Arc<AtomicUsize>,
+    admitted: AtomicUsize,
+    /// Sequences running.
+    running: AtomicUsize,
+    /// Bytes of sequence state reserved by running sequences plus those kept for reuse.
+    state_bytes: AtomicUsize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -218,7 +236,7 @@ impl<B: Backend> Engine<B> {
             reserved: 0,
             spare: VecDeque::new(),
             spare_bytes: 0,
-            admitted: Arc::new(AtomicUsize::new(0)),
+            shared: Arc::default(),
         }
     }
 
@@ -228,7 +246,7 @@ impl<B: Backend> Engine<B> {
 
     /// Queues a request; its events go to `sink` as steps run.
     pub fn add(&mut self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
-        if self.waiting.len() >= self.limits.config.max_queue {
+        if self.waiting.len() >= self.limits.waiting_room(self.running.len()) {
             return Err(SubmitError::QueueFull);
         }
         let (max_gen, reserve) = self.limits.admit(&req)?;
@@ -292,9 +310,20 @@ impl<B: Backend> Engine<B> {
             grammars.par_iter_mut().map(|g| g.as_mut().map(|g| g.mask())).collect();
         drop(grammars);
         let backend = self.model.backend();
+        let vocab = self.limits.spec.vocab;
         let picks = logits.and_then(|l| {
             Ok(if greedy {
                 let ids = backend.argmax_rows(&l)?;
+                // An all-NaN row picks 0 (the greedy rule): when a row picked 0, the rows are
+                // read back to tell a real token 0 from broken logits.
+                if ids.contains(&0) {
+                    let rows = backend.to_f32(&l)?;
+                    for (row, &id) in rows.chunks(vocab).zip(&ids) {
+                        if id == 0 {
+                            vt_core::backend::check_finite(row)?;
+                        }
+                    }
+                }
                 let logprobs = match top_k {
                     Some(k) => Some(backend.top_logprobs_rows(&l, &ids, k)?),
                     None => None,
@@ -314,7 +343,6 @@ impl<B: Backend> Engine<B> {
                 return ran;
             }
         };
-        let vocab = self.limits.spec.vocab;
         let mut row = 0;
         let mut events: Vec<Option<Event>> = vec![None; self.running.len()];
         for (i, s) in self.running.iter_mut().enumerate() {
@@ -337,6 +365,10 @@ impl<B: Backend> Engine<B> {
                 }
                 Picks::Logits(logits) => {
                     let raw = &logits[(row - 1) * vocab..row * vocab];
+                    if let Err(e) = vt_core::backend::check_finite(raw) {
+                        events[i] = Some(Event::Failed(e.to_string()));
+                        continue;
+                    }
                     let id = match masks[i].take() {
                         None => s.sampler.sample(raw),
                         Some(Ok(mask)) => {
@@ -391,6 +423,12 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.running = kept;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.shared.running.store(self.running.len(), Ordering::Relaxed);
+        self.shared.state_bytes.store(self.reserved + self.spare_bytes, Ordering::Relaxed);
     }
 
     /// Drops the oldest kept states until those left hold at most `room` bytes.
@@ -411,7 +449,7 @@ impl<B: Backend> Engine<B> {
             }
             !cancelled
         });
-        self.admitted.fetch_add(before - self.waiting.len(), Ordering::Relaxed);
+        self.shared.admitted.fetch_add(before - self.waiting.len(), Ordering::Relaxed);
     }
 
     /// Starts waiting requests, in order, while sequences and memory allow.
@@ -434,7 +472,7 @@ impl<B: Backend> Engine<B> {
             });
             self.trim_spare(budget - self.reserved - reserve);
             let mut w = self.waiting.pop_front().expect("front exists");
-            self.admitted.fetch_add(1, Ordering::Relaxed);
+            self.shared.admitted.fetch_add(1, Ordering::Relaxed);
             let started = kept
                 .map_or_else(|| self.model.new_state(), Ok)
                 .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
@@ -460,6 +498,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        self.publish();
     }
 }
 
@@ -475,7 +514,7 @@ pub struct EngineHandle {
     limits: Limits,
     /// Requests submitted so far, and taken from the queue by the engine so far.
     submitted: AtomicUsize,
-    admitted: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 impl EngineHandle {
@@ -485,7 +524,7 @@ impl EngineHandle {
     {
         let mut engine = Engine::new(model, config);
         let limits = engine.limits.clone();
-        let admitted = engine.admitted.clone();
+        let shared = engine.shared.clone();
         let (tx, rx) = mpsc::channel::<Msg>();
         let thread = std::thread::Builder::new()
             .name("vt-engine".into())
@@ -503,7 +542,7 @@ impl EngineHandle {
                 engine.step();
             })
             .expect("spawning the engine thread");
-        EngineHandle { tx: Some(tx), thread: Some(thread), limits, submitted: AtomicUsize::new(0), admitted }
+        EngineHandle { tx: Some(tx), thread: Some(thread), limits, submitted: AtomicUsize::new(0), shared }
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -514,14 +553,37 @@ impl EngineHandle {
         &self.limits.config
     }
 
-    /// Requests submitted and not yet started.
+    /// Requests submitted and not yet started (some may start at the next step, in free slots).
     pub fn queued(&self) -> usize {
-        self.submitted.load(Ordering::Relaxed).saturating_sub(self.admitted.load(Ordering::Relaxed))
+        self.submitted.load(Ordering::Relaxed).saturating_sub(self.shared.admitted.load(Ordering::Relaxed))
+    }
+
+    /// Sequences running at the last step.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of sequence state (KV cache, linear-attention state) held at the last step:
+    /// reserved by running sequences plus kept for reuse.
+    pub fn state_bytes(&self) -> usize {
+        self.shared.state_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether this configuration can run a request at all: the memory budget must hold the state
+    /// of a sequence of two tokens (a one-token prompt and one generated).
+    pub fn check_serviceable(&self) -> Result<(), String> {
+        let need = self.limits.state_bytes.at(2);
+        match self.limits.config.memory_budget {
+            Some(budget) if budget < need => Err(format!(
+                "the memory budget ({budget} bytes) cannot hold even one sequence of 2 tokens ({need} bytes)"
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub fn submit(&self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
         let (max_gen, reserve) = self.limits.admit(&req)?;
-        if self.queued() >= self.limits.config.max_queue {
+        if self.queued() >= self.limits.waiting_room(self.running()) {
             return Err(SubmitError::QueueFull);
         }
         let cancel = CancelToken::default();

@@ -1,5 +1,6 @@
 //! Token generation for one sequence: prefill, then decode step by step.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use vt_core::{Backend, Result};
@@ -29,21 +30,24 @@ pub struct Generation {
     pub decode_time: Duration,
 }
 
-/// Generates up to `max_new_tokens` after `prompt`; `on_token` sees each id as it comes.
+/// Generates up to `max_new_tokens` after `prompt`.
 pub fn generate<B: Backend>(model: &Model<B>, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
-    generate_with(model, prompt, opts, |_| {})
+    generate_with(model, prompt, opts, |_| ControlFlow::Continue(()))
 }
 
+/// `generate`, where `on_token` sees each id as it comes and may stop the generation there.
+/// Non-finite logits are an error (`Error::NonFinite`), never a token.
 pub fn generate_with<B: Backend>(
     model: &Model<B>,
     prompt: &[u32],
     opts: &GenerateOptions,
-    mut on_token: impl FnMut(u32),
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation> {
     let b = model.backend();
     let mut sampler = Sampler::new(opts.sampling.clone(), prompt)?;
     let mut state = model.new_state()?;
-    let mut out = Vec::with_capacity(opts.max_new_tokens);
+    // A few pages up front: `max_new_tokens` may be far beyond what the context allows.
+    let mut out = Vec::with_capacity(opts.max_new_tokens.min(4096));
     let started = Instant::now();
     let mut prefill_time = Duration::ZERO;
     let mut next_input: Vec<u32> = prompt.to_vec();
@@ -52,10 +56,10 @@ pub fn generate_with<B: Backend>(
         if out.is_empty() {
             prefill_time = started.elapsed();
         }
+        vt_core::backend::check_finite(&logits)?;
         let id = sampler.sample(&logits);
         out.push(id);
-        on_token(id);
-        if opts.stop_token_ids.contains(&id) {
+        if on_token(id).is_break() || opts.stop_token_ids.contains(&id) {
             break;
         }
         next_input = vec![id];

@@ -36,5 +36,11 @@ pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend};
 
 /// The checkpoint's context limit (`max_position_embeddings`), if its config states one.
 pub fn context_limit(dir: &std::path::Path) -> Result<Option<usize>> {
-    checkpoint::Config::from_file(&dir.join("config.json"))?.opt_usize("max_position_embeddings")
+    let cfg = checkpoint::Config::from_file(&dir.join("config.json"))?;
+    let field = "max_position_embeddings";
+    match cfg.opt_usize(field)? {
+        // A context of one token has no room for a prompt and a generated token.
+        Some(n) if n < 2 => Err(cfg.error(field, format!("{n} leaves no room for a prompt and a generated token"))),
+        n => Ok(n),
+    }
 }

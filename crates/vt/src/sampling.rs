@@ -48,6 +48,31 @@ impl SamplingParams {
         Self::default()
     }
 
+    /// `base` with the fields a checkpoint's `generation_config.json` sets (`do_sample: false` is
+    /// greedy); `base` itself where the file is absent. Values out of range are an error naming
+    /// the file and field.
+    pub fn from_generation_config(dir: &std::path::Path, base: SamplingParams) -> Result<Self> {
+        let path = dir.join("generation_config.json");
+        if !path.exists() {
+            return Ok(base);
+        }
+        let cfg = vt_core::checkpoint::Config::from_file(&path)?;
+        let f32_field = |field: &str, default: f32| Ok::<_, Error>(cfg.opt_f64(field)?.map_or(default, |v| v as f32));
+        let mut p = SamplingParams {
+            temperature: f32_field("temperature", base.temperature)?,
+            top_k: cfg.opt_usize("top_k")?.unwrap_or(base.top_k),
+            top_p: f32_field("top_p", base.top_p)?,
+            min_p: f32_field("min_p", base.min_p)?,
+            repetition_penalty: f32_field("repetition_penalty", base.repetition_penalty)?,
+            ..base
+        };
+        if cfg.get("do_sample").and_then(|v| v.as_bool()) == Some(false) {
+            p.temperature = 0.0;
+        }
+        p.validate().map_err(|e| cfg.error("sampling defaults", e.to_string()))?;
+        Ok(p)
+    }
+
     /// An error naming the first out-of-range field.
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &str, want: &str, got: f32| Err(Error::input(format!("{field} must be {want}, got {got}")));
@@ -289,5 +314,25 @@ mod tests {
         ] {
             assert!(Sampler::new(p, &[]).is_err());
         }
+    }
+
+    /// A checkpoint's generation_config.json sets the defaults it names; `do_sample: false` is
+    /// greedy; a value out of range is an error naming the file; no file keeps the base.
+    #[test]
+    fn defaults_from_generation_config() {
+        let dir = std::env::temp_dir().join(format!("vt-genconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = SamplingParams { temperature: 1.0, ..Default::default() };
+        assert_eq!(SamplingParams::from_generation_config(&dir, base.clone()).unwrap(), base);
+        let write = |v: &str| std::fs::write(dir.join("generation_config.json"), v).unwrap();
+        write(r#"{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": 1}"#);
+        let p = SamplingParams::from_generation_config(&dir, base.clone()).unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.min_p), (0.6, 0.95, 20, 0.0));
+        write(r#"{"do_sample": false, "temperature": 0.6}"#);
+        assert_eq!(SamplingParams::from_generation_config(&dir, base.clone()).unwrap().temperature, 0.0);
+        write(r#"{"top_p": 7}"#);
+        let err = SamplingParams::from_generation_config(&dir, base).unwrap_err().to_string();
+        assert!(err.contains("generation_config.json") && err.contains("top_p"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

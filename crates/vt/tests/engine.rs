@@ -153,7 +153,8 @@ fn small_engine(config: EngineConfig) -> Engine<CpuBackend> {
 
 #[test]
 fn stop_tokens_cancellation_and_bad_requests() {
-    let mut engine = small_engine(EngineConfig { max_context: 64, max_queue: 2, ..Default::default() });
+    // Two slots and no waiting room beyond them: a third request is refused.
+    let mut engine = small_engine(EngineConfig { max_context: 64, max_seqs: 2, max_queue: 0, ..Default::default() });
     let vocab = engine.model().spec().vocab as u32;
     let alone = vt::generate(engine.model(), &[1, 2, 3], &GenerateOptions { max_new_tokens: 8, ..Default::default() })
         .unwrap()

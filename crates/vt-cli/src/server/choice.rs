@@ -11,6 +11,7 @@ use vt::{Detokenizer, Event, Finish, Request, StopStrings, TokenLogprobs, Tokeni
 
 use super::agent::{constrained_calls, ToolChoice, Tools};
 use super::error::ApiError;
+use super::metrics::Usage;
 use super::AppState;
 
 /// A piece of one choice's output, in order.
@@ -212,10 +213,13 @@ impl Pipeline {
 /// Dropping the receiver cancels the request.
 pub fn start(s: &Arc<AppState>, req: Request, mut pipe: Pipeline) -> Result<UnboundedReceiver<Out>, ApiError> {
     let (tx, mut events) = mpsc::unbounded_channel::<Event>();
+    let prompt_len = req.prompt.len();
     let cancel = s.engine.submit(req, Box::new(move |e| tx.send(e).is_ok()))?;
+    let usage = Usage::current(prompt_len);
     let (out, outputs) = mpsc::unbounded_channel();
     let state = s.clone();
     tokio::spawn(async move {
+        let mut clock = state.metrics.start_request(prompt_len);
         let tok = state.tokenizer.as_ref();
         let mut logprobs = None;
         while let Some(e) = events.recv().await {
@@ -225,6 +229,8 @@ pub fn start(s: &Arc<AppState>, req: Request, mut pipe: Pipeline) -> Result<Unbo
                     continue;
                 }
                 Event::Token(id) => {
+                    clock.token();
+                    usage.token();
                     let (pieces, stopped) = pipe.token(tok, id, logprobs.take());
                     if stopped {
                         cancel.cancel();

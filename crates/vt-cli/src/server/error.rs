@@ -1,6 +1,6 @@
 //! OpenAI-style JSON error bodies.
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -17,12 +17,36 @@ impl ApiError {
     pub fn bad(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", message: message.into() }
     }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", message: message.into() }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, kind: "invalid_request_error", message: message.into() }
+    }
+}
+
+/// The router's fallback: an unknown path.
+pub async fn no_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route for `{}`", uri.path()))
+}
+
+/// The router's fallback for a known path asked with another method.
+pub async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let message = format!("`{}` does not take {method}", uri.path());
+    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, kind: "invalid_request_error", message }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": null, "code": null}});
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // The queue moves at the engine's step rate: a second is a fair wait.
+            r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 

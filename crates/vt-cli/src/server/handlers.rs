@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::Json;
 use serde_json::{json, Map, Value};
@@ -19,8 +19,22 @@ use super::request::{parse, prepare, Common, OneOrMany, Prepared, Prompt};
 use super::respond::{respond, Kind, Shape};
 use super::{now, AppState};
 
+fn model_card(s: &AppState) -> Value {
+    json!({"id": s.model_id, "object": "model", "created": 0, "owned_by": "vt", "max_model_len": s.engine.config().max_context})
+}
+
 pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": s.model_id, "object": "model", "created": 0, "owned_by": "vt"}]}))
+    Json(json!({"object": "list", "data": [model_card(&s)]}))
+}
+
+pub async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if id != s.model_id {
+        return Err(ApiError::not_found(format!(
+            "the model `{id}` does not exist; this server serves `{}`",
+            s.model_id
+        )));
+    }
+    Ok(Json(model_card(&s)))
 }
 
 fn tokenizer(s: &AppState) -> Result<&Tokenizer, ApiError> {
@@ -28,7 +42,7 @@ fn tokenizer(s: &AppState) -> Result<&Tokenizer, ApiError> {
 }
 
 /// The body as a JSON object, its fields checked against `allowed`, and the shared fields.
-fn body(bytes: &Bytes, allowed: &[&str]) -> Result<(Map<String, Value>, Common), ApiError> {
+pub fn body(bytes: &Bytes, allowed: &[&str]) -> Result<(Map<String, Value>, Common), ApiError> {
     let map: Map<String, Value> = parse(bytes)?;
     agent::check_fields(&map, allowed).map_err(ApiError::bad)?;
     let common: Common = serde_json::from_value(Value::Object(map.clone()))
@@ -146,7 +160,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, bytes: Bytes) -> R
     let o = agent::options(&map, true, s.engine.spec().vocab).map_err(ApiError::bad)?;
     let constraint = agent::constraint(&map, Some(&tools), reasoning_open).map_err(ApiError::bad)?;
     let prompt_len = prompt.ids.len();
-    let p = prepare(&s, common, prompt.ids, usize::MAX)?;
+    let p = prepare(&s, common, prompt.ids, s.chat_max_tokens)?;
     let stream = p.stream;
     let stops = p.stops.clone();
     let shape = shape(&s, Kind::Chat, prompt_len, &o, None);

@@ -3,7 +3,6 @@
 use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
-use axum::http::StatusCode;
 use serde::Deserialize;
 use vt::{Request, SamplingParams, Tokenizer};
 
@@ -56,11 +55,10 @@ pub struct Prepared {
 
 pub fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) -> Result<Prepared, ApiError> {
     if let Some(m) = c.model.as_deref().filter(|m| *m != s.model_id) {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            kind: "invalid_request_error",
-            message: format!("the model `{m}` does not exist; this server serves `{}`", s.model_id),
-        });
+        return Err(ApiError::not_found(format!(
+            "the model `{m}` does not exist; this server serves `{}`",
+            s.model_id
+        )));
     }
     let stops = match c.stop {
         None => vec![],
@@ -68,11 +66,11 @@ pub fn prepare(s: &AppState, c: Common, prompt: Vec<u32>, default_max: usize) ->
         Some(OneOrMany::Many(v)) if v.len() <= 4 => v,
         Some(OneOrMany::Many(_)) => return Err(ApiError::bad("stop takes at most 4 strings")),
     };
-    let d = SamplingParams::default();
+    let d = &s.sampling;
     // Without a seed, each request draws its own.
     let seed = c.seed.unwrap_or_else(|| s.next_id.fetch_add(1, Ordering::Relaxed) ^ (now() * 0x9e37_79b9));
     let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(1.0),
+        temperature: c.temperature.unwrap_or(d.temperature),
         top_k: c.top_k.unwrap_or(d.top_k),
         top_p: c.top_p.unwrap_or(d.top_p),
         min_p: c.min_p.unwrap_or(d.min_p),

@@ -63,6 +63,18 @@ pub fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
 }
 
+/// An error when `logits` hold a NaN or an infinity: a broken model or checkpoint must fail the
+/// request, not pass for a token (an all-NaN row's argmax is 0).
+pub fn check_finite(logits: &[f32]) -> Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(crate::Error::NonFinite(format!(
+            "logit {} at vocabulary index {i}: the weights or the configuration are broken",
+            logits[i]
+        ))),
+    }
+}
+
 /// `Ops::concat_rows` through the host.
 pub fn concat_rows<B: Device>(b: &B, parts: &[&Tensor<B>]) -> Result<Tensor<B>> {
     let width = parts.first().map_or(0, |p| p.last_dim());
