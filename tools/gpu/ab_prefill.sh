@@ -22,7 +22,7 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         row = json.loads(line)
-        print(f"{sys.argv[2]} | prefill {row[\"name\"]}  {row[\"ms\"] * 1000:.2f} µs")' \
+        print(sys.argv[2], "| prefill", row["name"], " %.2f µs" % (row["ms"] * 1000))' \
             "$logs/ab_prefill_bench_${side}_$round.log" "$side" >>"$logs/ab_prefill.txt"
         for cfg in $configs; do
             timeout "${VT_TIMEOUT:-200}" "$dir/vt" bench --backend cuda --model "$cfg" --load-format dummy --batch 1,64 \
