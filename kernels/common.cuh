@@ -122,10 +122,15 @@ __device__ float block_sum(float v) {
 struct WeightDesc {
     u64 data;
     u64 scales;
-    float global[2];
+    // NVFP4: the per-tensor multiplier in global[0] (a repacked gate/up pair keeps the up half's in
+    // [1]). FP8 has none: the slots hold its block, rows and inputs per scale. Sharing them keeps the
+    // struct at 32 bytes, which the decode kernels' shared-memory tables and occupancy are sized for.
+    union {
+        float global[2];
+        int block[2];
+    };
     int kind;
     int k;
-    int block[2];
 };
 
 // Weight element (row, j) as f32, for a weight of kind KIND.

@@ -22,20 +22,20 @@ pub fn float_code(t: &Tensor<CudaBackend>, op: &str) -> Result<i32> {
 #[derive(Clone, Copy, Debug)]
 pub struct WeightDesc {
     pub data: u64,
-    /// Block scales: NVFP4's fp8 per 16 inputs, FP8's f32 per `block` (0 for dense weights).
+    /// Block scales: NVFP4's fp8 per 16 inputs, FP8's f32 per block (0 for dense weights).
     pub scales: u64,
     /// NVFP4 per-tensor multiplier in `[0]`; a repacked gate/up pair (w4a16.rs) keeps the up
-    /// half's in `[1]`.
+    /// half's in `[1]`. FP8 has no multiplier: the slots hold the bits of its block, rows and
+    /// inputs per scale (the C struct's `int block[2]`, a union with `global`), so the struct
+    /// stays 32 bytes.
     pub global: [f32; 2],
     pub kind: i32,
     /// Inputs per row.
     pub k: i32,
-    /// FP8: rows and inputs per scale (0 for other kinds).
-    pub block: [i32; 2],
 }
 
 // SAFETY: `WeightDesc` is `#[repr(C)]` plain data laid out exactly as the CUDA struct
-// (u64, u64, float[2], int, int, int[2]: 40 bytes, 8-byte aligned, no padding).
+// (u64, u64, union { float[2]; int[2] }, int, int: 32 bytes, 8-byte aligned, no padding).
 unsafe impl DeviceRepr for WeightDesc {}
 
 impl WeightDesc {
@@ -46,29 +46,25 @@ impl WeightDesc {
             |v: usize, what: &str| i32::try_from(v).map_err(|_| Error::backend("cuda", format!("{op}: {v} {what}")));
         let k = int(w.dims().1, "inputs per row")?;
         Ok(match w {
-            Weight::Dense(t) => WeightDesc {
-                data: t.buffer().ptr(),
-                scales: 0,
-                global: [1.0; 2],
-                kind: float_code(t, op)?,
-                k,
-                block: [0; 2],
-            },
+            Weight::Dense(t) => {
+                WeightDesc { data: t.buffer().ptr(), scales: 0, global: [1.0; 2], kind: float_code(t, op)?, k }
+            }
             Weight::Nvfp4(q) => WeightDesc {
                 data: q.codes.buffer().ptr(),
                 scales: q.scales.buffer().ptr(),
                 global: [q.global_scale; 2],
                 kind: DT_NVFP4,
                 k,
-                block: [0; 2],
             },
             Weight::Fp8(q) => WeightDesc {
                 data: q.values.buffer().ptr(),
                 scales: q.scales.buffer().ptr(),
-                global: [1.0; 2],
+                global: [
+                    f32::from_bits(int(q.block[0], "rows per scale")? as u32),
+                    f32::from_bits(int(q.block[1], "inputs per scale")? as u32),
+                ],
                 kind: DT_FP8,
                 k,
-                block: [int(q.block[0], "rows per scale")?, int(q.block[1], "inputs per scale")?],
             },
         })
     }
@@ -77,5 +73,5 @@ impl WeightDesc {
 /// The C struct's layout is this one's (kernels.rs's tests).
 #[cfg(test)]
 pub(crate) fn mirrors() -> Vec<String> {
-    crate::kernels::c_layout!(WeightDesc { data, scales, global, kind, k, block })
+    crate::kernels::c_layout!(WeightDesc { data, scales, global, kind, k })
 }

@@ -453,8 +453,8 @@ fn moe_grouped_prefill() {
             let moe = upload_experts(b, &experts, h, inter);
             let before = b.memory().bytes_live;
             drop(b.moe(&xg, &router, &moe).unwrap());
-            // A descriptor is a kernels/common.cuh `WeightDesc`: 40 bytes.
-            let table = |entries: usize| (entries * 40).next_multiple_of(256);
+            // A descriptor is a kernels/common.cuh `WeightDesc`: 32 bytes.
+            let table = |entries: usize| (entries * 32).next_multiple_of(256);
             let mut want = table(3 * n_exp);
             if format == "nvfp4" {
                 let tiles = (2 * inter).div_ceil(128) * h.div_ceil(64) + h.div_ceil(128) * inter.div_ceil(64);

@@ -33,8 +33,8 @@ struct GemvParts {
     pad: i32,
 }
 
-// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (4 x 40-byte WeightDesc, 4 u64,
-// 3 x 4 ints, 4 ints: 256 bytes, 8-byte aligned, no implicit padding).
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (4 x 32-byte WeightDesc, 4 u64,
+// 3 x 4 ints, 4 ints: 224 bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for GemvParts {}
 
 /// Rows of a launch from which one token still takes the t <= 8 kernels: the single-token ones'

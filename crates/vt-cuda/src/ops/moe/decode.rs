@@ -43,7 +43,7 @@ struct SharedDesc {
     gated: i32,
 }
 
-// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (3 x 40-byte WeightDesc, 2 ints: 128
+// SAFETY: #[repr(C)] plain data laid out as the CUDA struct (3 x 32-byte WeightDesc, 2 ints: 104
 // bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for SharedDesc {}
 
