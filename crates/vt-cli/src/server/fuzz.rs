@@ -36,34 +36,20 @@ fn value() -> impl Strategy<Value = Value> {
     })
 }
 
-const FIELDS: [&str; 20] = [
-    "prompt",
-    "messages",
-    "model",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "stop",
-    "stream",
-    "n",
-    "logprobs",
-    "user",
-    "tools",
-    "x",
-];
+/// Every field either endpoint implements, and one neither does.
+fn fields() -> Vec<&'static str> {
+    let mut all: Vec<&str> = agent::CHAT_FIELDS.iter().chain(agent::COMPLETION_FIELDS).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    all.push("x");
+    all
+}
 
 fn bodies() -> impl Strategy<Value = Vec<u8>> {
     let message = (prop_oneof![Just("user"), Just("system"), Just("assistant"), Just("tool"), Just("")], value())
         .prop_map(|(role, content)| json!({"role": role, "content": content}));
     let object = (
-        prop::collection::btree_map(prop::sample::select(FIELDS.as_slice()), value(), 0..7),
+        prop::collection::btree_map(prop::sample::select(fields()), value(), 0..7),
         prop::option::of(prop::collection::vec(message, 0..4)),
         prop::option::of(prop_oneof![
             prop::collection::vec(0u32..300_000, 0..8).prop_map(|v| json!(v)),
