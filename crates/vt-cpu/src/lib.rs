@@ -137,6 +137,12 @@ impl Device for CpuBackend {
         Ok(())
     }
 
+    fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()> {
+        check::copy_into(self, src, dst)?;
+        dst.buffer_mut().bytes_mut().copy_from_slice(src.buffer().bytes());
+        Ok(())
+    }
+
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         small_f32(t, "to_f32")
     }

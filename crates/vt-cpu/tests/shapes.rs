@@ -153,3 +153,17 @@ fn moe_refuses_a_router_that_does_not_fit_its_experts() {
     }
     assert!(b.moe(&x, &router(4, sigmoid(2, Some(30.0)), Some(4)), &experts).is_ok());
 }
+
+#[test]
+fn copy_into_copies_in_place_and_rejects_other_shapes() {
+    let b = CpuBackend::new();
+    let src = b.from_f32(&[2, 3], &[1.0, -2.0, 3.5, 0.25, f32::MIN_POSITIVE, 7.0]).unwrap();
+    let mut dst = b.zeros(&[2, 3]).unwrap();
+    let at = b.buffer_addr(dst.buffer());
+    b.copy_into(&src, &mut dst).unwrap();
+    assert_eq!(b.to_f32(&dst).unwrap(), b.to_f32(&src).unwrap());
+    assert_eq!(b.buffer_addr(dst.buffer()), at, "the copy lands where the destination was");
+    let mut other = b.zeros(&[3, 2]).unwrap();
+    let err = b.copy_into(&src, &mut other).unwrap_err().to_string();
+    assert!(err.contains("copy_into") && err.contains("[2, 3]") && err.contains("[3, 2]"), "{err}");
+}

@@ -70,6 +70,17 @@ impl Device for CudaBackend {
             .map_err(|e| driver_err("memset", e))
     }
 
+    fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()> {
+        args::copy_into(self, src, dst)?;
+        let bytes = src.dtype().bytes_for(src.numel()).unwrap_or(0);
+        self.stream().context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
+        // SAFETY: both blocks hold `bytes` (same dtype and shape, checked); `dst` is ours
+        // (`&mut`) and distinct from `src`; the copy is ordered on our stream after every earlier
+        // write of either.
+        unsafe { result::memcpy_dtod_async(dst.buffer().ptr(), src.buffer().ptr(), bytes, self.stream().cu_stream()) }
+            .map_err(|e| driver_err("copy_into", e))
+    }
+
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         args::to_f32(self, t)?;
         let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];

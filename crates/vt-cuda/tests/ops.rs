@@ -239,6 +239,16 @@ fn elementwise_and_norm_ops() {
         let (p, q) = (act(b, &[3, d], &x[..3 * d]), act(b, &[t, d], &y));
         out(b, &b.concat_rows(&[&p, &q]).unwrap())
     });
+    on_both!(gpu, "copy_into bf16", 0.0, |b| {
+        let mut dst = b.zeros(&[t, d]).unwrap();
+        b.copy_into(&act(b, &[t, d], &x), &mut dst).unwrap();
+        out(b, &dst)
+    });
+    on_both!(gpu, "copy_into f32", 0.0, |b| {
+        let mut dst = b.zeros_f32(&[4, d]).unwrap();
+        b.copy_into(&b.upload(DType::F32, &[4, d], bytemuck_f32(&y[..4 * d])).unwrap(), &mut dst).unwrap();
+        out(b, &dst)
+    });
     // Partial rotary (rotary dim 12 of head dim 16) with YaRN-style scaling, from position 1000.
     let rope = Rope { inv_freq: (0..6).map(|i| 10000f32.powf(-(i as f32) / 6.0)).collect(), attention_scaling: 1.15 };
     on_both!(gpu, "rope", U, |b| { out(b, &b.rope(&act(b, &[t, 10, 16], &x), 1000, &rope).unwrap()) });

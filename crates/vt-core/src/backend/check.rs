@@ -42,6 +42,13 @@ pub fn to_f32<B: Device>(b: &B, t: &Tensor<B>) -> Result<()> {
     ensure(b, t.dtype().is_float(), "to_f32", || format!("expected a float tensor, found {}", t.dtype()))
 }
 
+/// `Device::copy_into`: two tensors of one dtype and shape.
+pub fn copy_into<B: Device>(b: &B, src: &Tensor<B>, dst: &Tensor<B>) -> Result<()> {
+    ensure(b, src.dtype() == dst.dtype() && src.shape() == dst.shape(), "copy_into", || {
+        format!("{} {:?} into {} {:?}", src.dtype(), src.shape(), dst.dtype(), dst.shape())
+    })
+}
+
 /// `Ops::embedding`: a float table `[vocab, hidden]` and ids inside the vocabulary; returns
 /// `(vocab, hidden)`.
 pub fn embedding<B: Device>(b: &B, table: &Tensor<B>, ids: &[u32]) -> Result<(usize, usize)> {

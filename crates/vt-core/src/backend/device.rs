@@ -36,6 +36,10 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// Sets every element of `t` to zero where it is (a sequence state emptied for reuse keeps
     /// its storage, and so what was recorded over it).
     fn zero(&self, t: &mut Tensor<Self>) -> Result<()>;
+    /// Copies `src` into `dst` where it is (same dtype and shape): a snapshot of a sequence's
+    /// linear-attention state taken into, or restored from, storage that a recorded step may
+    /// have baked in.
+    fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()>;
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
     /// `argmax` of each row of `x` (greedy decoding's token per row): a read-back, like `to_f32`,
     /// of only what the host needs. A backend may pick on the device and read back only the
