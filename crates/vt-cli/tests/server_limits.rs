@@ -304,16 +304,42 @@ async fn chat_without_max_tokens_uses_the_default() {
 /// cause, greedy or sampled; nothing comes back as tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_finite_logits_fail_the_request() {
-    let dir = nan_model();
-    let s = start_on(&dir, EngineConfig::default(), quick(), |_| {}).await;
+    let dir = nan_model("all", |_, _| true);
+    fails_with_non_finite(&dir, &[]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One NaN logit in a row of 3072 (the tied embedding's row of token 3000 is NaN, so its logit
+/// is NaN at every step while the other logits stay numbers, and greedy picks never take it):
+/// the requests still fail, greedy (picked on the backend, which flags the row), sampled and
+/// under a grammar's mask, and `vt generate` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_non_finite_logit_fails_the_request() {
+    let dir = nan_model("one-row", |name, i| name == "model.embed_tokens.weight" && i / 160 == 3000);
+    fails_with_non_finite(&dir, &[json!({"type": "json_object"})]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Greedy and sampled completions on `dir` fail with a non-finite error, also under each of
+/// `formats` (chat `response_format`s), and so does `vt generate`.
+async fn fails_with_non_finite(dir: &Path, formats: &[serde_json::Value]) {
+    let s = start_on(dir, EngineConfig::default(), quick(), |_| {}).await;
+    let non_finite = |status: u16, v: &serde_json::Value| {
+        assert_eq!(status, 500, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("non-finite"), "{v}");
+    };
     for temperature in [0.0, 1.0] {
         let (status, _, v) =
             post(&s.url, "/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 3, "temperature": temperature}))
                 .await;
-        assert_eq!(status, 500, "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("non-finite"), "{v}");
+        non_finite(status, &v);
+        for format in formats {
+            let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                              "temperature": temperature, "response_format": format});
+            let (status, _, v) = post(&s.url, "/v1/chat/completions", &body).await;
+            non_finite(status, &v);
+        }
     }
-    // `vt generate` alike.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_vt"))
         .args(["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-new-tokens", "3"])
         .output()
@@ -321,13 +347,13 @@ async fn non_finite_logits_fail_the_request() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("non-finite"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The built-in model's directory with every floating-point weight set to NaN.
-fn nan_model() -> PathBuf {
+/// The built-in model's directory (under a name with `tag`) with the floating-point weight
+/// elements for which `nan_at(tensor, element)` holds set to NaN.
+fn nan_model(tag: &str, nan_at: impl Fn(&str, usize) -> bool) -> PathBuf {
     let src = default_dir();
-    let dir = std::env::temp_dir().join(format!("vt-nan-model-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("vt-nan-model-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
@@ -338,9 +364,18 @@ fn nan_model() -> PathBuf {
         .tensors()
         .into_iter()
         .map(|(name, t)| {
+            let set = |width: usize, nan: &[u8]| {
+                let mut data = t.data().to_vec();
+                for (i, v) in data.chunks_mut(width).enumerate() {
+                    if nan_at(&name, i) {
+                        v.copy_from_slice(nan);
+                    }
+                }
+                data
+            };
             let data = match t.dtype() {
-                safetensors::Dtype::BF16 => [0xc0, 0x7f].repeat(t.data().len() / 2),
-                safetensors::Dtype::F32 => f32::NAN.to_le_bytes().repeat(t.data().len() / 4),
+                safetensors::Dtype::BF16 => set(2, &[0xc0, 0x7f]),
+                safetensors::Dtype::F32 => set(4, &f32::NAN.to_le_bytes()),
                 _ => t.data().to_vec(),
             };
             (name, data, t.dtype(), t.shape().to_vec())

@@ -282,7 +282,7 @@ fn argmax(b: &B, r: &Report) -> Result<()> {
     let mut us = Vec::new();
     for i in 0..64 {
         let t0 = std::time::Instant::now();
-        b.argmax_rows(&xs[i % xs.len()])?;
+        b.argmax_rows(&xs[i % xs.len()], None)?;
         us.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     us.sort_by(f64::total_cmp);

@@ -7,6 +7,7 @@ use half::bf16;
 // vt-core's argument checks, as `args`: `check` here is crate::error's (this backend's own limits).
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
+use vt_core::backend::Pick;
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvGrowth, Linear, MemoryStats, MoeExperts,
     NormKind, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
@@ -90,8 +91,8 @@ impl Device for CudaBackend {
         Ok(out)
     }
 
-    fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
-        crate::ops::argmax::argmax_rows(self, x)
+    fn argmax_rows(&self, x: &Tensor<Self>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
+        crate::ops::argmax::argmax_rows(self, x, allowed)
     }
 
     fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {

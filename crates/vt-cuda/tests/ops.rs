@@ -10,6 +10,7 @@
 #![cfg(feature = "cuda")]
 
 use vt_core::backend::prelude::*;
+use vt_core::backend::Pick;
 use vt_core::{
     AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts,
     NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
@@ -930,31 +931,55 @@ fn add_rms_norm_fused() {
 }
 
 /// Greedy picks on the device are vt_core::argmax of each row, exactly: ties, NaNs and infinities
-/// included, over a vocabulary-sized row and short ones.
+/// included, over a vocabulary-sized row and short ones; under a grammar's masks they are
+/// vt_core's masked_argmax; and a row with any NaN or infinity, even one NaN among 248k values or
+/// one under a disallowed token, is flagged (`Pick::finite`) as vt-cpu flags it.
 #[test]
 fn argmax_rows_on_the_device_is_the_greedy_rule() {
     let gpu = &cuda();
+    let cpu = CpuBackend::new();
     let mut r = Rng(0xa59a);
     let (nan, inf) = (f32::NAN, f32::INFINITY);
     for n in [248_320, 1000, 33, 1] {
         // bf16 of values in [-4, 4): many exact ties at the maximum.
-        let mut rows: Vec<Vec<f32>> = (0..5).map(|_| r.vec(n, 4.0)).collect();
+        let mut rows: Vec<Vec<f32>> = (0..7).map(|_| r.vec(n, 4.0)).collect();
         if n > 2 {
             rows[1][0] = nan;
             rows[2][n / 2] = nan;
             rows[2][n - 1] = inf;
             rows[3].iter_mut().for_each(|v| *v = -inf);
             rows[4].iter_mut().step_by(2).for_each(|v| *v = nan);
+            rows[5][n - 2] = nan; // one NaN: the pick is a number, the row is broken
         }
         let flat: Vec<f32> = rows.concat();
-        let want: Vec<u32> = rows.iter().map(|row| vt_core::argmax(row) as u32).collect();
+        let words = vt_core::backend::mask_words(n);
+        // Row masks: random bits, except row 0 (all allowed) and row 6 (one token allowed).
+        let mut bits: Vec<u32> =
+            r.bytes(4 * rows.len() * words).chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        bits[..words].fill(u32::MAX);
+        bits[6 * words..7 * words].fill(0);
+        bits[6 * words + (n - 1) / 32] = 1 << ((n - 1) % 32);
         let x = gpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
-        assert_eq!(gpu.argmax_rows(&x).unwrap(), want, "width {n}");
-        let cpu = CpuBackend::new();
-        assert_eq!(
-            cpu.argmax_rows(&cpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap()).unwrap(),
-            want
-        );
+        let host = cpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        for allowed in [None, Some(&bits[..])] {
+            let want: Vec<Pick> = (rows.iter().enumerate())
+                .map(|(i, row)| {
+                    let id = match allowed {
+                        None => vt_core::argmax(row),
+                        Some(b) => vt_core::backend::composed::masked_argmax(row, &b[i * words..(i + 1) * words]),
+                    };
+                    Pick { id: id as u32, finite: row.iter().all(|v| v.is_finite()) }
+                })
+                .collect();
+            let masked = allowed.is_some();
+            assert_eq!(gpu.argmax_rows(&x, allowed).unwrap(), want, "width {n}, masked {masked}");
+            assert_eq!(cpu.argmax_rows(&host, allowed).unwrap(), want, "width {n}, masked {masked}");
+        }
+        if n > 2 {
+            assert!(!gpu.argmax_rows(&x, None).unwrap()[5].finite, "one NaN in {n}");
+        }
+        let short = &bits[..bits.len() - 1];
+        assert!(gpu.argmax_rows(&x, Some(short)).is_err(), "a mask of the wrong size is refused");
     }
 }
 

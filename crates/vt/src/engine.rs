@@ -13,6 +13,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use rayon::prelude::*;
+use vt_core::backend::{mask_words, non_finite_row, Pick};
 use vt_core::{Backend, Error};
 use vt_models::{Model, ModelSpec, SeqState, StateBytes};
 
@@ -191,8 +192,8 @@ struct Spare<B: Backend> {
 
 /// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
 enum Picks {
-    /// Greedy picks, with their logprobs when a sequence asks for them.
-    Ids(Vec<u32>, Option<Vec<TokenLogprobs>>),
+    /// Greedy picks (under the grammars' masks), with their logprobs when a sequence asks for them.
+    Ids(Vec<Pick>, Option<Vec<TokenLogprobs>>),
     Logits(Vec<f32>),
 }
 
@@ -282,10 +283,10 @@ impl<B: Backend> Engine<B> {
             budget -= take[i];
         }
         // A sequence needs a token when this step ends its pending tokens. When all that do are
-        // greedy and plain, the tokens are picked where the logits are and only they are read back.
+        // greedy (a grammar's mask goes to the device), the tokens are picked where the logits are
+        // and only they are read back.
         let needs_token = |s: &Running<B>, n: usize| n > 0 && n == s.pending.len();
-        let greedy = (self.running.iter().zip(&take))
-            .all(|(s, &n)| !needs_token(s, n) || (s.sampler.is_greedy() && s.grammar.is_none()));
+        let greedy = (self.running.iter().zip(&take)).all(|(s, &n)| !needs_token(s, n) || s.sampler.is_greedy());
         // Greedy picks' logprobs are computed where the logits are, for the most any sequence asks.
         let top_k =
             (self.running.iter().zip(&take)).filter(|(s, &n)| needs_token(s, n)).filter_map(|(s, _)| s.logprobs).max();
@@ -299,10 +300,11 @@ impl<B: Backend> Engine<B> {
         if batch.is_empty() {
             return 0;
         }
+        // The forward is launched (a device backend runs it asynchronously); while it runs, the
+        // grammars work out their masks on the CPU, across host threads: a batch of constrained
+        // sequences costs about one mask's time.
         let logits = self.model.forward_batch(&mut batch);
         drop(batch);
-        // While the device runs the step, the grammars work out their masks on the CPU.
-        // Across host threads: a batch of constrained sequences costs about one mask's time.
         let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&take))
             .map(|(s, &n)| if needs_token(s, n) { s.grammar.as_mut() } else { None })
             .collect();
@@ -313,22 +315,16 @@ impl<B: Backend> Engine<B> {
         let vocab = self.limits.spec.vocab;
         let picks = logits.and_then(|l| {
             Ok(if greedy {
-                let ids = backend.argmax_rows(&l)?;
-                // An all-NaN row picks 0 (the greedy rule): when a row picked 0, the rows are
-                // read back to tell a real token 0 from broken logits.
-                if ids.contains(&0) {
-                    let rows = backend.to_f32(&l)?;
-                    for (row, &id) in rows.chunks(vocab).zip(&ids) {
-                        if id == 0 {
-                            vt_core::backend::check_finite(row)?;
-                        }
-                    }
-                }
+                let allowed = allowed_bits(take.iter().map(|&n| n > 0), &masks, vocab);
+                let picks = backend.argmax_rows(&l, allowed.as_deref())?;
                 let logprobs = match top_k {
-                    Some(k) => Some(backend.top_logprobs_rows(&l, &ids, k)?),
+                    Some(k) => {
+                        let ids: Vec<u32> = picks.iter().map(|p| p.id).collect();
+                        Some(backend.top_logprobs_rows(&l, &ids, k)?)
+                    }
                     None => None,
                 };
-                Picks::Ids(ids, logprobs)
+                Picks::Ids(picks, logprobs)
             } else {
                 Picks::Logits(backend.to_f32(&l)?)
             })
@@ -355,13 +351,23 @@ impl<B: Backend> Engine<B> {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
             let (id, logprobs) = match &picks {
-                Picks::Ids(ids, lps) => {
+                Picks::Ids(picks, lps) => {
+                    let pick = picks[row - 1];
+                    let failed = match masks[i].take() {
+                        _ if !pick.finite => Some(non_finite_row().to_string()),
+                        Some(Err(e)) => Some(e.to_string()),
+                        _ => None,
+                    };
+                    if let Some(msg) = failed {
+                        events[i] = Some(Event::Failed(msg));
+                        continue;
+                    }
                     let lp = s.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
                         let mut lp = lps[row - 1].clone();
                         lp.top.truncate(k);
                         lp
                     });
-                    (s.sampler.accept(ids[row - 1]), lp)
+                    (s.sampler.accept(pick.id), lp)
                 }
                 Picks::Logits(logits) => {
                     let raw = &logits[(row - 1) * vocab..row * vocab];
@@ -500,6 +506,32 @@ impl<B: Backend> Engine<B> {
         }
         self.publish();
     }
+}
+
+/// The grammars' masks as `Device::argmax_rows` takes them, one row per logits row (`rows`: each
+/// running sequence, whether it has a row), every token allowed in a row without a mask; `None`
+/// when no row has one.
+fn allowed_bits(
+    rows: impl Iterator<Item = bool>,
+    masks: &[Option<crate::Result<TokenMask>>],
+    vocab: usize,
+) -> Option<Vec<u32>> {
+    if !masks.iter().any(|m| matches!(m, Some(Ok(_)))) {
+        return None;
+    }
+    let words = mask_words(vocab);
+    let mut bits = Vec::new();
+    for (has_row, mask) in rows.zip(masks) {
+        if !has_row {
+            continue;
+        }
+        let at = bits.len();
+        bits.resize(at + words, u32::MAX);
+        if let Some(Ok(mask)) = mask {
+            mask.write_words(&mut bits[at..]);
+        }
+    }
+    Some(bits)
 }
 
 enum Msg {

@@ -133,6 +133,15 @@ impl TokenMask {
     pub fn allows(&self, id: u32) -> bool {
         self.0.is_allowed(id)
     }
+
+    /// Writes the mask into `words` as `Device::argmax_rows` takes it (token i: bit i % 32 of
+    /// word i / 32); tokens past the grammar's vocabulary are disallowed.
+    pub fn write_words(&self, words: &mut [u32]) {
+        let src = self.0.as_slice();
+        let n = src.len().min(words.len());
+        words[..n].copy_from_slice(&src[..n]);
+        words[n..].fill(0);
+    }
 }
 
 /// The JSON schema OpenAI's `tool_choice: "required"` implies (vLLM's form): a non-empty array of

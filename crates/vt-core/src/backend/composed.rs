@@ -47,13 +47,61 @@ pub fn top_logprobs_rows<B: Device>(b: &B, x: &Tensor<B>, chosen: &[u32], k: usi
     Ok(b.to_f32(x)?.chunks(width).zip(chosen).map(|(row, &c)| token_logprobs(row, c, k)).collect())
 }
 
+/// One row's greedy pick (`Device::argmax_rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub id: u32,
+    /// Whether every value of the row, allowed or not, is finite. A NaN or an infinity means the
+    /// weights or the configuration are broken: the row's `id` is then no token to send.
+    pub finite: bool,
+}
+
+/// Words of an allowed-token bitset per row of `width` logits (`Device::argmax_rows`): token `i`
+/// is bit `i % 32` of word `i / 32`.
+pub fn mask_words(width: usize) -> usize {
+    width.div_ceil(32)
+}
+
 /// `Device::argmax_rows` from the rows read back.
-pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>) -> Result<Vec<u32>> {
+pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
+    let width = x.last_dim();
+    check_allowed(x, allowed)?;
+    let words = mask_words(width);
+    Ok(b.to_f32(x)?
+        .chunks(width)
+        .enumerate()
+        .map(|(r, row)| {
+            let finite = row.iter().all(|v| v.is_finite());
+            let id = match allowed {
+                None => argmax(row),
+                Some(bits) => masked_argmax(row, &bits[r * words..(r + 1) * words]),
+            };
+            Pick { id: id as u32, finite }
+        })
+        .collect())
+}
+
+/// An error unless `x` has rows of some values and `allowed`, if given, holds `mask_words` per row.
+pub fn check_allowed<B: Device>(x: &Tensor<B>, allowed: Option<&[u32]>) -> Result<()> {
     let width = x.last_dim();
     if width == 0 {
         return Err(crate::Error::input(format!("argmax_rows: rows of no values {:?}", x.shape())));
     }
-    Ok(b.to_f32(x)?.chunks(width).map(|row| argmax(row) as u32).collect())
+    match allowed {
+        Some(bits) if bits.len() != x.rows() * mask_words(width) => Err(crate::Error::input(format!(
+            "argmax_rows: {} mask words for logits {:?} ({} per row)",
+            bits.len(),
+            x.shape(),
+            mask_words(width)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `argmax` of `row` with the tokens whose bit in `allowed` is 0 read as -inf (a grammar's mask).
+pub fn masked_argmax(row: &[f32], allowed: &[u32]) -> usize {
+    let value = |i: usize| if allowed[i / 32] >> (i % 32) & 1 == 1 { row[i] } else { f32::NEG_INFINITY };
+    (0..row.len()).fold(0, |best, i| if value(i) > value(best) { i } else { best })
 }
 
 /// The index of the largest value of `row`, the first on ties; a NaN never wins, except at index
@@ -68,11 +116,16 @@ pub fn argmax(row: &[f32]) -> usize {
 pub fn check_finite(logits: &[f32]) -> Result<()> {
     match logits.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
-        Some(i) => Err(crate::Error::NonFinite(format!(
-            "logit {} at vocabulary index {i}: the weights or the configuration are broken",
-            logits[i]
-        ))),
+        Some(i) => Err(crate::Error::NonFinite(format!("logit {} at vocabulary index {i}: {BROKEN}", logits[i]))),
     }
+}
+
+/// Why logits are not finite, as the errors say it.
+const BROKEN: &str = "the weights or the configuration are broken";
+
+/// The error for a row `Device::argmax_rows` found not finite (it reads back only the flag).
+pub fn non_finite_row() -> crate::Error {
+    crate::Error::NonFinite(format!("a logit is NaN or infinite: {BROKEN}"))
 }
 
 /// `Ops::concat_rows` through the host.
@@ -225,7 +278,7 @@ pub fn stack_rows<B: Ops>(b: &B, mut parts: Vec<Tensor<B>>) -> Result<Tensor<B>>
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use super::{argmax, masked_argmax};
 
     #[test]
     fn argmax_takes_the_first_largest_and_skips_nan_after_the_first_value() {
@@ -237,5 +290,21 @@ mod tests {
         assert_eq!(argmax(&[nan, 5.0, 9.0]), 0);
         assert_eq!(argmax(&[2.0, inf, inf]), 1);
         assert_eq!(argmax(&[]), 0);
+    }
+
+    /// A masked row's pick is `argmax` of the row with the disallowed tokens at -inf, as the
+    /// host path (`TokenMask::apply`, then the sampler) picks it; bits past word 0 count.
+    #[test]
+    fn masked_argmax_is_argmax_with_disallowed_tokens_at_minus_inf() {
+        let nan = f32::NAN;
+        let mut row: Vec<f32> = (0..40).map(|i| (i % 7) as f32).collect();
+        row[3] = nan;
+        for allowed in [[u32::MAX, u32::MAX], [0b1010, 0], [0, 1 << 5], [1 << 3 | 1 << 9, 0], [0, 0]] {
+            let masked: Vec<f32> = (0..row.len())
+                .map(|i| if allowed[i / 32] >> (i % 32) & 1 == 1 { row[i] } else { f32::NEG_INFINITY })
+                .collect();
+            assert_eq!(masked_argmax(&row, &allowed), argmax(&masked), "{allowed:?}");
+        }
+        assert_eq!(masked_argmax(&row, &[0, 1 << 5]), 37);
     }
 }

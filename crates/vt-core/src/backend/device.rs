@@ -1,7 +1,7 @@
 //! The bottom layer: a backend's identity, its memory and the transfers in and out of it. Every
 //! other layer builds on this one, and `Tensor<B>` needs only it.
 
-use super::composed::TokenLogprobs;
+use super::composed::{Pick, TokenLogprobs};
 use crate::tensor::Tensor;
 use crate::{DType, Result};
 
@@ -41,11 +41,13 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// have baked in.
     fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()>;
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
-    /// `argmax` of each row of `x` (greedy decoding's token per row): a read-back, like `to_f32`,
-    /// of only what the host needs. A backend may pick on the device and read back only the
-    /// indices; the default reads the rows back.
-    fn argmax_rows(&self, x: &Tensor<Self>) -> Result<Vec<u32>> {
-        super::composed::argmax_rows(self, x)
+    /// `argmax` of each row of `x` (greedy decoding's token per row), and whether the row is
+    /// all finite: a read-back, like `to_f32`, of only what the host needs. `allowed`: a grammar's
+    /// masks, `composed::mask_words` per row; a token whose bit is 0 counts as -inf
+    /// (`composed::masked_argmax`), though its value still counts for `Pick::finite`. A backend
+    /// may pick on the device and read back only the picks; the default reads the rows back.
+    fn argmax_rows(&self, x: &Tensor<Self>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
+        super::composed::argmax_rows(self, x, allowed)
     }
 
     /// For each row r of logits `x`: the log-softmax value of `chosen[r]` and the `k` largest

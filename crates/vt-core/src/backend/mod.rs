@@ -23,7 +23,7 @@ mod kv;
 mod ops;
 mod record;
 
-pub use composed::{argmax, check_finite, stack_rows, token_logprobs, TokenLogprobs};
+pub use composed::{argmax, check_finite, mask_words, non_finite_row, stack_rows, token_logprobs, Pick, TokenLogprobs};
 pub use device::{Device, MemoryStats};
 pub use fused::{FusedOps, GdnState, GdnStep, SharedExpert};
 pub use kv::{AttentionParams, KvGrowth, KvOps};
