@@ -2,4 +2,5 @@
 //! and the benchmark driver.
 
 pub mod bench;
+pub mod hub;
 pub mod server;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use vt::{Backend, Detokenizer, EngineConfig, EngineHandle, Logits, Model, SamplingParams, Tokenizer};
 use vt_cli::bench::{self, LoadFormat};
+use vt_cli::hub;
 use vt_cli::server::{self, BodyLimits, ServerConfig, Transport};
 
 #[derive(Parser)]
@@ -235,32 +236,19 @@ enum Command {
     },
 }
 
-/// The checkpoint directory `--model` names: a directory, a hub id in the local Hugging Face
-/// cache, or (unset) the built-in model.
+/// The checkpoint directory `--model` names: a directory, a hub id (from the local Hugging Face
+/// cache, downloaded into it if absent), or (unset) the built-in model.
 fn model_dir(model: Option<&str>) -> AnyResult<PathBuf> {
     let Some(m) = model else { return Ok(builtin::model_dir()?) };
-    let path = PathBuf::from(m);
-    // `owner/name`, not a path that exists: a hub id.
-    let hub_id =
-        !path.exists() && !m.starts_with(['/', '.', '~']) && m.split('/').filter(|p| !p.is_empty()).count() == 2;
-    if !hub_id {
-        return Ok(path);
+    if !hub::is_hub_id(m) {
+        return Ok(PathBuf::from(m));
     }
     let env = |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     let cache = env("HF_HUB_CACHE")
         .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
         .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))
         .ok_or("--model: no Hugging Face cache (set HF_HOME or HF_HUB_CACHE)")?;
-    let config = hf_hub::Cache::new(cache.clone()).model(m.to_string()).get("config.json");
-    match config.as_deref().and_then(Path::parent) {
-        Some(dir) => Ok(dir.to_path_buf()),
-        None => Err(format!(
-            "--model {m}: neither a directory nor a model in the local Hugging Face cache at {} (this build does \
-             not download; fetch it first, e.g. `hf download {m}`)",
-            cache.display()
-        )
-        .into()),
-    }
+    Ok(hub::checkpoint_dir(m, &cache)?)
 }
 
 /// The longest sequence a checkpoint takes (prompt plus generated): its max_position_embeddings,

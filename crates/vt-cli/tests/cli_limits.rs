@@ -170,8 +170,101 @@ fn hub_ids_resolve_from_the_local_cache() {
         .unwrap();
     // The ids line (stderr has timings).
     assert_eq!(found.stdout, direct.stdout);
-    fails_with(gen("acme/absent"), "not download");
     let _ = std::fs::remove_dir_all(hub);
+}
+
+/// `--model owner/name` not in the cache downloads it from the hub (here a loopback server in
+/// the hub's URL layout, named by HF_ENDPOINT) into the cache, then runs it; the next run takes
+/// the cache without the network; a hub that cannot be reached is an error naming the id, the
+/// endpoint and the cache.
+#[test]
+fn hub_ids_download_into_the_cache() {
+    let cache = temp("download");
+    let mut files: Vec<(String, Vec<u8>)> =
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+            .iter()
+            .map(|f| (f.to_string(), std::fs::read(default_dir().join(f)).unwrap()))
+            .collect();
+    // Files vt does not read stay on the hub.
+    files.push(("README.md".into(), b"# tiny".to_vec()));
+    files.push(("onnx/model.json".into(), b"{}".to_vec()));
+    let endpoint = fake_hub("acme/tiny-moe", files);
+    let gen = |id: &str, endpoint: &str| {
+        let mut cmd = vt();
+        cmd.args(["generate", "--model", id, "--prompt-ids", "1,2", "--max-new-tokens", "3", "--temperature", "0"])
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_ENDPOINT", endpoint);
+        for proxy in ["ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+            cmd.env_remove(proxy);
+        }
+        cmd.output().unwrap()
+    };
+    let direct = vt()
+        .args(["generate", "--model", default_dir().to_str().unwrap(), "--prompt-ids", "1,2", "--max-new-tokens", "3"])
+        .output()
+        .unwrap();
+    let downloaded = gen("acme/tiny-moe", &endpoint);
+    assert!(downloaded.status.success(), "{}", String::from_utf8_lossy(&downloaded.stderr));
+    assert_eq!(downloaded.stdout, direct.stdout);
+    let snapshot = cache.join("models--acme--tiny-moe/snapshots").join(HUB_SHA);
+    assert!(snapshot.join("model.safetensors").exists());
+    assert!(!snapshot.join("README.md").exists() && !snapshot.join("onnx").exists());
+    let unreachable = "http://127.0.0.1:1";
+    let cached = gen("acme/tiny-moe", unreachable);
+    assert_eq!(cached.stdout, direct.stdout, "{}", String::from_utf8_lossy(&cached.stderr));
+    for needle in ["acme/absent", unreachable, cache.to_str().unwrap()] {
+        fails_with(gen("acme/absent", unreachable), needle);
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+/// The commit every file of `fake_hub` comes from.
+const HUB_SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// A hub on loopback serving `files` of repository `id` as huggingface.co lays them out (what
+/// hf-hub asks for): `GET /api/models/ID/revision/main` lists them; `GET /ID/resolve/main/FILE`
+/// with a `Range` answers 206 with the commit and ETag headers. Returns its URL.
+fn fake_hub(id: &str, files: Vec<(String, Vec<u8>)>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let id = id.to_string();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).to_string();
+            let path = head.split_whitespace().nth(1).unwrap_or_default().to_string();
+            let range = (head.lines())
+                .find_map(|l| l.to_lowercase().strip_prefix("range: bytes=").map(|r| r.trim().to_string()));
+            let file = files.iter().enumerate().find(|(_, (f, _))| path == format!("/{id}/resolve/main/{f}"));
+            let (status, headers, body) = if path == format!("/api/models/{id}/revision/main") {
+                let siblings: Vec<_> = files.iter().map(|(f, _)| serde_json::json!({"rfilename": f})).collect();
+                (
+                    "200 OK",
+                    String::new(),
+                    serde_json::json!({"sha": HUB_SHA, "siblings": siblings}).to_string().into_bytes(),
+                )
+            } else if let Some((i, (_, data))) = file {
+                let (from, to) = range.as_deref().and_then(|r| r.split_once('-')).unwrap_or(("0", ""));
+                let from: usize = from.parse().unwrap_or(0);
+                let to: usize = to.parse().map_or(data.len() - 1, |t: usize| t.min(data.len() - 1));
+                let headers = format!(
+                    "ETag: \"{i:040x}\"\r\nX-Repo-Commit: {HUB_SHA}\r\nContent-Range: bytes {from}-{to}/{}\r\n",
+                    data.len()
+                );
+                ("206 Partial Content", headers, data[from..=to].to_vec())
+            } else {
+                ("404 Not Found", String::new(), Vec::new())
+            };
+            let reply =
+                format!("HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = conn.write_all(reply.as_bytes()).and_then(|_| conn.write_all(&body));
+        }
+    });
+    url
 }
 
 /// Ctrl-C (SIGINT) during a reply stops it; the conversation goes on to the next turn.
