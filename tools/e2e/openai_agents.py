@@ -4,7 +4,8 @@ Python client, on the built-in model (CPU):
 
 - tools with tool_choice "required" (and a named function) return tool calls whose arguments
   validate against the tool's schema: constrained decoding makes even the tiny model comply;
-- response_format json_schema output validates against the schema;
+- response_format json_schema output validates against the schema; json_object output parses as
+  a JSON object;
 - logprobs (completions and chat, streamed and not) agree with `vt logits` to 1e-4;
 - n = 3 returns 3 choices; streamed usage arrives (stream_options.include_usage);
 - reasoning is split into reasoning_content when the template thinks (Qwen3.6's template), and
@@ -184,6 +185,13 @@ def main():
         out = json.loads(r.choices[0].message.content)
         jsonschema.validate(out, schema)
         check(True, f"json_schema output validates: {r.choices[0].message.content}")
+
+        # --- response_format json_object ---
+        r = c.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "An object as JSON"}],
+                                      max_tokens=200, temperature=0, response_format={"type": "json_object"})
+        out = json.loads(r.choices[0].message.content)
+        check(isinstance(out, dict) and r.choices[0].finish_reason == "stop",
+              f"json_object output parses as a JSON object: {r.choices[0].message.content}")
 
         # --- logprobs against vt logits ---
         prompt = [5, 17, 300, 42, 7]
