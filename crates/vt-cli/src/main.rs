@@ -33,7 +33,8 @@ enum BackendKind {
 #[derive(clap::Args)]
 struct ModelArgs {
     /// Checkpoint directory (config.json + *.safetensors), or a hub id (`Qwen/Qwen3.6-35B-A3B`)
-    /// already in the local Hugging Face cache. Defaults to the built-in model.
+    /// from the local Hugging Face cache, downloaded into it when absent. Defaults to the
+    /// built-in model.
     #[arg(long)]
     model: Option<String>,
     #[arg(long, value_enum, default_value = "cpu")]
