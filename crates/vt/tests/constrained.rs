@@ -72,6 +72,56 @@ fn json_schema_output_is_valid_however_it_samples() {
     }
 }
 
+/// Greedy rows under a grammar are picked by the backend's `argmax_rows` with the masks as
+/// bitsets (batched here with an unconstrained row between two constrained ones, so each mask
+/// must land on its own row); the host path (a zero `logit_bias` makes a request take it: the
+/// rows read back, `TokenMask::apply`, the sampler's argmax) picks the same tokens.
+#[test]
+fn greedy_masks_on_the_backend_pick_as_the_host_path() {
+    let dir = repo_root().join("models/default");
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &dir).unwrap();
+    let tok = Tokenizer::load(&dir).unwrap().unwrap();
+    let eos = tok.eos_id().unwrap();
+    let compiler =
+        GrammarCompiler::new(&std::fs::read(dir.join("tokenizer.json")).unwrap(), &[eos], model.spec().vocab).unwrap();
+    let spec = ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 6}, "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+        "required": ["a", "b"], "additionalProperties": false}));
+    let mut engine = Engine::new(model, EngineConfig::default());
+    let request = |text: &str, constrained: bool, host: bool| Request {
+        prompt: tok.encode(text, false).unwrap(),
+        max_tokens: 40,
+        sampling: SamplingParams { logit_bias: if host { vec![(0, 0.0)] } else { vec![] }, ..Default::default() },
+        stop_token_ids: vec![eos],
+        grammar: constrained.then(|| compiler.compile(&spec).unwrap()),
+        ..Default::default()
+    };
+    let cases = [("JSON please:", true), ("def main():", false), ("An object", true)];
+    let logs: Vec<Arc<Mutex<Vec<Event>>>> = cases.iter().map(|_| Arc::default()).collect();
+    for (&(text, constrained), log) in cases.iter().zip(&logs) {
+        let l = log.clone();
+        let sink = Box::new(move |e| {
+            l.lock().unwrap().push(e);
+            true
+        });
+        engine.add(request(text, constrained, false), sink).unwrap();
+    }
+    while engine.has_work() {
+        engine.step();
+    }
+    for (&(text, constrained), log) in cases.iter().zip(&logs) {
+        let batched = ids(&log.lock().unwrap());
+        let host = ids(&run(&mut engine, request(text, constrained, true)));
+        assert_eq!(batched, host, "{text:?}: {:?}", tok.decode(&batched));
+        assert!(batched.len() > 5, "{text:?}");
+        if constrained && batched.last() == Some(&eos) {
+            let json = tok.decode(&batched[..batched.len() - 1]).unwrap();
+            assert!(serde_json::from_str::<Value>(&json).is_ok(), "{json:?}");
+        }
+    }
+}
+
 #[test]
 fn logprobs_are_the_log_softmax_of_the_model_logits() {
     let dir = repo_root().join("models/default");
