@@ -4,8 +4,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use vt_core::{
-    AttentionParams, DType, Device, Expert, FusedOps, GdnInputs, GdnMode, KvOps, Linear, MoeExperts, NormKind, Nvfp4,
-    Ops, Router, RouterKind, Tensor, Weight,
+    AttentionParams, DType, Device, Expert, FusedOps, GdnInputs, GdnMode, KvLayout, KvOps, KvSeq, Linear, MoeExperts,
+    NormKind, Nvfp4, Ops, Router, RouterKind, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 
@@ -108,22 +108,28 @@ fn attention(c: &mut Criterion) {
     let (qh, kvh, d, cached) = (16, 2, 128, 512);
     let b = CpuBackend::new();
     let params = AttentionParams { scale: 1.0 / (d as f32).sqrt(), window: None };
-    // Each sample fills a fresh cache first (untimed), so fewer samples.
+    // Each sample fills a fresh pool first (untimed), so fewer samples.
     let mut g = c.benchmark_group("attention 16/2 heads d128 after 512");
     g.sample_size(20);
     for t in TOKENS {
         let (q, k, v) =
             (activations(&b, &[t, qh, d], 14), activations(&b, &[t, kvh, d], 15), activations(&b, &[t, kvh, d], 16));
+        // Enough blocks for the prefix and the step, in order.
+        let blocks = (cached + t).div_ceil(b.kv_block_size());
+        let table: Vec<u32> = (0..blocks as u32).collect();
         g.bench_function(BenchmarkId::from_parameter(t), |bench| {
             bench.iter_batched_ref(
                 || {
-                    let mut cache = b.new_kv_cache(kvh, d, None).unwrap();
+                    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: kvh, head_dim: d, blocks }]).unwrap();
                     let (pk, pv) = (activations(&b, &[cached, kvh, d], 17), activations(&b, &[cached, kvh, d], 18));
                     let pq = activations(&b, &[cached, qh, d], 19);
-                    b.attention(&pq, &pk, &pv, &mut cache, &params).unwrap();
-                    cache
+                    b.attention(&pq, &pk, &pv, &mut pool, KvSeq { layer: 0, table: &table, start: 0 }, &params)
+                        .unwrap();
+                    pool
                 },
-                |cache| b.attention(&q, &k, &v, cache, &params).unwrap(),
+                |pool| {
+                    b.attention(&q, &k, &v, pool, KvSeq { layer: 0, table: &table, start: cached }, &params).unwrap()
+                },
                 criterion::BatchSize::LargeInput,
             )
         });

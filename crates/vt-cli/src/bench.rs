@@ -119,6 +119,9 @@ pub struct Shape {
     pub gen_len: usize,
     /// Every sequence decodes under this grammar (`--json-schema`), to measure its cost.
     pub constraint: Option<(GrammarCompiler, ConstraintSpec)>,
+    /// Fraction of the device's memory the run may use (the KV pool takes what the weights
+    /// leave of it).
+    pub gpu_memory_utilization: f64,
 }
 
 /// Seconds of one batch's generation.
@@ -180,9 +183,11 @@ where
     let config = EngineConfig {
         max_seqs: shape.batch.iter().copied().max().unwrap_or(1),
         max_batch_tokens: usize::MAX,
+        max_context: shape.prompt_len + shape.gen_len,
+        gpu_memory_utilization: shape.gpu_memory_utilization,
         ..Default::default()
     };
-    let mut engine = Engine::new(model, config);
+    let mut engine = Engine::new(model, config)?;
     for &n in &shape.batch {
         // Each batch size runs once untimed first: the first run of a shape pays one-off costs
         // that a served model pays once (the weights' derived state, the first use of each kernel

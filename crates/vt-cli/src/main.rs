@@ -81,6 +81,14 @@ fn count(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone
     }
 }
 
+/// A parser of fractions in (0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a number in (0, 1]")),
+    }
+}
+
 /// Tokens any one flag may ask for: 16 Mi, beyond every supported model's context.
 const MAX_TOKENS: usize = 1 << 24;
 
@@ -95,9 +103,15 @@ struct EngineArgs {
     /// Most requests waiting for a free sequence slot, beyond those running; more get 429.
     #[arg(long, default_value_t = 256, value_parser = count(0, 1 << 20))]
     max_queue: usize,
-    /// Memory for sequence state (KV cache, linear-attention state), in MiB; unlimited if unset.
+    /// Memory for the sequence-state pool (KV blocks, linear-attention states), in MiB. Unset: on
+    /// a GPU, --gpu-memory-utilization of its memory less what is in use after loading; on the
+    /// CPU, enough for --max-seqs sequences of the full context.
     #[arg(long, value_parser = count(1, 1 << 30))]
     memory_budget_mib: Option<usize>,
+    /// Fraction of the GPU's memory the process may use (weights, workspace and the KV pool),
+    /// where --memory-budget-mib is unset.
+    #[arg(long, default_value_t = 0.9, value_parser = fraction)]
+    gpu_memory_utilization: f64,
     /// Longest sequence (prompt plus generated tokens); the checkpoint's max_position_embeddings
     /// (or 4096 where it states none) if unset, and never more.
     #[arg(long, value_parser = count(2, MAX_TOKENS))]
@@ -158,6 +172,8 @@ struct AgentArgs {
     special_tokens_in_messages: bool,
 }
 
+// Parsed once at startup: a boxed variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Write the logits of every prompt position to a safetensors file (tensor `logits`, f32).
@@ -230,6 +246,9 @@ enum Command {
         /// Decode without recorded steps (CUDA graphs): every op launched from the host.
         #[arg(long)]
         unrecorded: bool,
+        /// Fraction of the GPU's memory the process may use (weights, workspace, KV pool).
+        #[arg(long, default_value_t = 0.9, value_parser = fraction)]
+        gpu_memory_utilization: f64,
         /// Decode every sequence under this JSON schema (constrained decoding, masks computed
         /// on the CPU), to measure its cost against a run without it; needs tokenizer.json.
         #[arg(long)]
@@ -346,7 +365,7 @@ where
         Command::Logits { model, prompt_ids, out } => {
             let (m, dir) = load(backend, model)?;
             check_fits(prompt_ids.len(), 0, context(&dir)?)?;
-            let mut state = m.new_state()?;
+            let mut state = m.new_state(prompt_ids.len())?;
             let logits = backend.to_f32(&m.forward(prompt_ids, &mut state, Logits::All)?)?;
             let shape = vec![prompt_ids.len(), m.spec().vocab];
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -433,14 +452,14 @@ where
                 max_batch_tokens: engine.max_batch_tokens,
                 max_queue: engine.max_queue,
                 memory_budget: engine.memory_budget_mib.map(|mb| mb << 20),
+                gpu_memory_utilization: engine.gpu_memory_utilization,
                 max_context,
             };
             let name = serve.served_model_name.clone().unwrap_or_else(|| {
                 let dir = dir.canonicalize().unwrap_or(dir.clone());
                 dir.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
             });
-            let engine = EngineHandle::spawn(m, config);
-            engine.check_serviceable().map_err(|e| format!("--memory-budget-mib: {e}"))?;
+            let engine = EngineHandle::spawn(m, config).map_err(|e| format!("the sequence-state pool: {e}"))?;
             // Responses are text: without a tokenizer they would be empty.
             let mut tok = Tokenizer::load(&dir)?
                 .ok_or_else(|| format!("{} has no tokenizer.json, which serving needs", dir.display()))?;
@@ -458,7 +477,17 @@ where
             state.chat_max_tokens = serve.default_max_tokens;
             serve_api(Arc::new(state), serve)
         }
-        Command::Bench { model, batch, prompt_len, gen_len, load_format, num_layers, unrecorded, json_schema } => {
+        Command::Bench {
+            model,
+            batch,
+            prompt_len,
+            gen_len,
+            load_format,
+            num_layers,
+            unrecorded,
+            json_schema,
+            gpu_memory_utilization,
+        } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!unrecorded);
@@ -470,7 +499,13 @@ where
                 None => None,
                 Some(path) => Some(bench::constraint(&dir, path, m.spec().vocab)?),
             };
-            let shape = bench::Shape { batch: batch.clone(), prompt_len: *prompt_len, gen_len: *gen_len, constraint };
+            let shape = bench::Shape {
+                batch: batch.clone(),
+                prompt_len: *prompt_len,
+                gen_len: *gen_len,
+                constraint,
+                gpu_memory_utilization: *gpu_memory_utilization,
+            };
             bench::run(backend, m, &shape, bandwidth)?;
             Ok(())
         }

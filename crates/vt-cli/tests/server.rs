@@ -21,8 +21,11 @@ fn model_dir() -> PathBuf {
 async fn start(config: EngineConfig) -> Server {
     let dir = model_dir();
     let model = Model::load(&CpuBackend::new(), &dir).unwrap();
-    let state =
-        Arc::new(AppState::new(EngineHandle::spawn(model, config), Tokenizer::load(&dir).unwrap(), "default".into()));
+    let state = Arc::new(AppState::new(
+        EngineHandle::spawn(model, config).unwrap(),
+        Tokenizer::load(&dir).unwrap(),
+        "default".into(),
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = oneshot::channel();

@@ -25,7 +25,8 @@ fn default_dir() -> PathBuf {
 
 async fn start_on(dir: &Path, engine: EngineConfig, config: ServerConfig, edit: impl FnOnce(&mut AppState)) -> Server {
     let model = Model::load(&CpuBackend::new(), dir).unwrap();
-    let mut state = AppState::new(EngineHandle::spawn(model, engine), Tokenizer::load(dir).unwrap(), "default".into());
+    let mut state =
+        AppState::new(EngineHandle::spawn(model, engine).unwrap(), Tokenizer::load(dir).unwrap(), "default".into());
     edit(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -280,7 +281,9 @@ async fn metrics_count_requests_tokens_and_latencies() {
         "vt_time_per_output_token_seconds_count 4",
         "vt_running_sequences 0",
         "vt_waiting_requests 0",
-        "vt_state_memory_bytes ",
+        "vt_kv_pool_blocks_used 0",
+        "vt_kv_pool_blocks ",
+        "vt_preempted_sequences 0",
     ] {
         assert!(text.contains(needle), "{needle} missing from\n{text}");
     }

@@ -3,6 +3,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod blocks;
 pub mod checkpoint;
 pub mod dtype;
 pub mod error;
@@ -16,7 +17,7 @@ pub mod weights;
 
 pub use backend::{
     argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep,
-    KvGrowth, KvOps, MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording, TokenLogprobs,
+    KvLayout, KvOps, KvSeq, MemoryStats, NormKind, Ops, Rope, SharedExpert, StepRecording, TokenLogprobs, RELEASED,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

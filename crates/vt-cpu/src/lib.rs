@@ -11,12 +11,12 @@ use std::sync::Arc;
 use vt_core::backend::check;
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, KvGrowth, Linear, MemoryStats, MoeExperts, NormKind,
-    Result, Rope, Router, Tensor,
+    AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MemoryStats, MoeExperts,
+    NormKind, Result, Rope, Router, Tensor,
 };
 
 pub use alloc::{AllocMode, CpuBuffer};
-pub use ops::attention::{CpuKvCache, KV_BLOCK};
+pub use ops::attention::{CpuKvPool, KV_BLOCK};
 pub use ops::moe::CpuExpertTable;
 
 use alloc::{Allocator, HostMemory};
@@ -293,20 +293,18 @@ impl Ops for CpuBackend {
 }
 
 impl KvOps for CpuBackend {
-    type KvCache = CpuKvCache;
+    type KvPool = CpuKvPool;
 
-    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CpuKvCache> {
-        check::window(self, "new_kv_cache", window)?;
-        Ok(CpuKvCache::new(self.alloc.clone(), kv_heads, head_dim, window))
+    fn kv_block_size(&self) -> usize {
+        KV_BLOCK
     }
 
-    fn kv_clear(&self, cache: &mut CpuKvCache) -> Result<()> {
-        cache.clear();
-        Ok(())
+    fn new_kv_pool(&self, layers: &[KvLayout]) -> Result<CpuKvPool> {
+        Ok(CpuKvPool::new(self.alloc.clone(), layers))
     }
 
-    fn kv_growth(&self) -> KvGrowth {
-        KvGrowth::Blocks { block: KV_BLOCK }
+    fn copy_kv_block(&self, pool: &mut CpuKvPool, layer: usize, src: u32, dst: u32) -> Result<()> {
+        pool.copy_block(layer, src, dst)
     }
 
     fn attention(
@@ -314,18 +312,23 @@ impl KvOps for CpuBackend {
         q: &Tensor<Self>,
         k: &Tensor<Self>,
         v: &Tensor<Self>,
-        cache: &mut CpuKvCache,
+        pool: &mut CpuKvPool,
+        seq: KvSeq<'_>,
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
+        let op = "attention";
         let shape = check::attention(self, q, k, v, params)?;
-        let out = ops::attention::attention(
-            f32s(q, "attention")?,
-            f32s(k, "attention")?,
-            f32s(v, "attention")?,
-            &shape,
-            cache,
-            params,
-        )?;
+        let layout = pool.layout(seq.layer, op)?;
+        if (layout.kv_heads, layout.head_dim) != (shape.kv_heads, shape.head_dim) {
+            return Err(err(format!(
+                "{op}: k {:?} for a pool layer of {} kv heads x {}",
+                k.shape(),
+                layout.kv_heads,
+                layout.head_dim
+            )));
+        }
+        check::kv_table(self, op, &seq, shape.t, KV_BLOCK, layout.blocks, params.window)?;
+        let out = ops::attention::attention(f32s(q, op)?, f32s(k, op)?, f32s(v, op)?, &shape, pool, seq, params)?;
         self.f32_tensor(q.shape(), &out)
     }
 }

@@ -1,8 +1,8 @@
-//! Attention with a KV cache, through the Backend API: windowed and full, prefill and decode,
-//! against a naive formula; a sliding-window cache must not grow with the sequence.
+//! Attention through a block table of a KV pool, through the Backend API: windowed and full,
+//! prefill and decode, over scattered blocks, against a naive formula; tables checked; block copies.
 
 use vt_core::backend::prelude::*;
-use vt_core::AttentionParams;
+use vt_core::{AttentionParams, KvLayout, KvSeq, RELEASED};
 use vt_cpu::{CpuBackend, KV_BLOCK};
 use vt_test_support::max_abs_diff;
 
@@ -46,15 +46,20 @@ fn naive(q: &[f32], k: &[f32], v: &[f32], window: Option<usize>, scale: f32) -> 
     out
 }
 
+/// Attention over the whole sequence in calls split at `split`, through a block table whose blocks
+/// run backwards through the pool (so positions that follow each other sit in blocks that do not).
 fn run(b: &CpuBackend, q: &[f32], k: &[f32], v: &[f32], window: Option<usize>, split: &[usize]) -> Vec<f32> {
     let params = AttentionParams { scale: 0.35, window };
-    let mut cache = b.new_kv_cache(KVH, D, window).unwrap();
+    let blocks = T.div_ceil(KV_BLOCK) + 3;
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: KVH, head_dim: D, blocks }]).unwrap();
+    let table: Vec<u32> = (0..T.div_ceil(KV_BLOCK)).map(|i| (blocks - 1 - 2 * i) as u32).collect();
     let mut out = Vec::new();
     let mut start = 0;
     for &end in split.iter().chain(std::iter::once(&T)) {
         let n = end - start;
         let slice = |x: &[f32], h: usize| b.from_f32(&[n, h, D], &x[start * h * D..end * h * D]).unwrap();
-        let o = b.attention(&slice(q, QH), &slice(k, KVH), &slice(v, KVH), &mut cache, &params).unwrap();
+        let seq = KvSeq { layer: 0, table: &table, start };
+        let o = b.attention(&slice(q, QH), &slice(k, KVH), &slice(v, KVH), &mut pool, seq, &params).unwrap();
         out.extend(b.to_f32(&o).unwrap());
         start = end;
     }
@@ -62,7 +67,7 @@ fn run(b: &CpuBackend, q: &[f32], k: &[f32], v: &[f32], window: Option<usize>, s
 }
 
 #[test]
-fn cached_attention_matches_naive_in_any_split() {
+fn paged_attention_matches_naive_in_any_split() {
     let b = CpuBackend::new();
     let (q, k, v) = (values(1, T * QH * D), values(2, T * KVH * D), values(3, T * KVH * D));
     for window in [None, Some(1), Some(7), Some(T + 5)] {
@@ -77,23 +82,59 @@ fn cached_attention_matches_naive_in_any_split() {
     }
 }
 
+/// A table that does not cover the call, names a block past the layer, or has released a block a
+/// query still sees is an error naming it; a released block no query sees is never read.
 #[test]
-fn sliding_window_cache_memory_stays_bounded() {
+fn block_tables_are_checked() {
     let b = CpuBackend::new();
-    let window = 6;
-    let mut cache = b.new_kv_cache(KVH, D, Some(window)).unwrap();
-    let params = AttentionParams { scale: 0.35, window: Some(window) };
-    // Blocks wholly outside the window go back, so at most the window's blocks plus one partly
-    // filled block on either side are held.
-    let bound = (window / KV_BLOCK + 2) * 2 * KV_BLOCK * KVH * D * 4;
-    for step in 0..200u32 {
-        let q = b.from_f32(&[1, QH, D], &values(step, QH * D)).unwrap();
-        let k = b.from_f32(&[1, KVH, D], &values(step + 1000, KVH * D)).unwrap();
-        let o = b.attention(&q, &k, &k, &mut cache, &params).unwrap();
-        drop((q, k, o));
-        let live = b.memory().bytes_live;
-        assert!(live <= bound, "cache holds {live} bytes at step {step}, bound {bound}");
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: KVH, head_dim: D, blocks: 4 }]).unwrap();
+    let x = |h: usize| b.from_f32(&[1, h, D], &values(h as u32, h * D)).unwrap();
+    let (q, k) = (x(QH), x(KVH));
+    let mut call = |table: &[u32], start: usize, window: Option<usize>| {
+        let params = AttentionParams { scale: 0.35, window };
+        b.attention(&q, &k, &k, &mut pool, KvSeq { layer: 0, table, start }, &params).map_err(|e| e.to_string())
+    };
+    let err = call(&[0], KV_BLOCK, None).unwrap_err();
+    assert!(err.contains("table of 1 blocks"), "{err}");
+    let err = call(&[9], 0, None).unwrap_err();
+    assert!(err.contains("block 9") && err.contains("4 blocks"), "{err}");
+    let err = call(&[RELEASED, 1], KV_BLOCK, None).unwrap_err();
+    assert!(err.contains("released"), "{err}");
+    // A window of 2 from position KV_BLOCK + 1 on sees only block 1.
+    for pos in [KV_BLOCK + 1, KV_BLOCK + 2] {
+        call(&[RELEASED, 1], pos, Some(2)).unwrap();
     }
-    drop(cache);
-    assert_eq!(b.memory().bytes_live, 0);
+    let err = call(&[0], 0, Some(0)).unwrap_err();
+    assert!(err.contains("window of 0"), "{err}");
+    let err = b.copy_kv_block(&mut pool, 1, 0, 1).unwrap_err().to_string();
+    assert!(err.contains("pool layer 1"), "{err}");
+    b.copy_kv_block(&mut pool, 0, 1, 2).unwrap();
+}
+
+/// A block copied to another (copy-on-write) attends as the original.
+#[test]
+fn a_copied_block_attends_as_its_source() {
+    let b = CpuBackend::new();
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: KVH, head_dim: D, blocks: 4 }]).unwrap();
+    let n = KV_BLOCK - 1;
+    let (q, k, v) = (values(4, n * QH * D), values(5, n * KVH * D), values(6, n * KVH * D));
+    let t = |x: &[f32], h: usize, rows: usize| b.from_f32(&[rows, h, D], x).unwrap();
+    let params = AttentionParams { scale: 0.35, window: None };
+    b.attention(
+        &t(&q, QH, n),
+        &t(&k, KVH, n),
+        &t(&v, KVH, n),
+        &mut pool,
+        KvSeq { layer: 0, table: &[2], start: 0 },
+        &params,
+    )
+    .unwrap();
+    b.copy_kv_block(&mut pool, 0, 2, 3).unwrap();
+    let (q1, k1) = (values(7, QH * D), values(8, KVH * D));
+    let step = |pool: &mut _, table: &[u32]| {
+        let seq = KvSeq { layer: 0, table, start: n };
+        b.to_f32(&b.attention(&t(&q1, QH, 1), &t(&k1, KVH, 1), &t(&k1, KVH, 1), pool, seq, &params).unwrap()).unwrap()
+    };
+    let from_copy = step(&mut pool, &[3]);
+    assert_eq!(from_copy, step(&mut pool, &[2]));
 }

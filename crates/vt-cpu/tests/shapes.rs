@@ -2,8 +2,8 @@
 
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, Linear, MoeExperts, NormKind, Nvfp4, Rope,
-    Router, RouterKind, Weight,
+    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MoeExperts,
+    NormKind, Nvfp4, Rope, Router, RouterKind, Weight,
 };
 use vt_cpu::CpuBackend;
 
@@ -32,11 +32,17 @@ fn gated_delta_rule_rejects_mismatched_inputs() {
 #[test]
 fn attention_linear_and_norm_reject_mismatched_inputs() {
     let b = CpuBackend::new();
-    let mut cache = b.new_kv_cache(2, 8, None).unwrap();
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: 2, head_dim: 8, blocks: 1 }]).unwrap();
     let params = AttentionParams { scale: 1.0, window: None };
+    let seq = KvSeq { layer: 0, table: &[0], start: 0 };
     // Three query heads cannot share two key/value heads.
-    let err = b.attention(&zeros(&b, &[1, 3, 8]), &zeros(&b, &[1, 2, 8]), &zeros(&b, &[1, 2, 8]), &mut cache, &params);
+    let err =
+        b.attention(&zeros(&b, &[1, 3, 8]), &zeros(&b, &[1, 2, 8]), &zeros(&b, &[1, 2, 8]), &mut pool, seq, &params);
     assert!(err.unwrap_err().to_string().contains("[1, 3, 8]"));
+    // Keys of another shape than the pool layer's.
+    let err =
+        b.attention(&zeros(&b, &[1, 4, 4]), &zeros(&b, &[1, 2, 4]), &zeros(&b, &[1, 2, 4]), &mut pool, seq, &params);
+    assert!(err.unwrap_err().to_string().contains("pool layer of 2 kv heads x 8"));
     let w = Linear::new(&b, Weight::Dense(zeros(&b, &[6, 5]))).unwrap();
     let err = b.linear(&zeros(&b, &[2, 4]), &w).unwrap_err().to_string();
     assert!(err.contains("[2, 4]") && err.contains("[6, 5]"), "{err}");
@@ -122,8 +128,6 @@ fn ops_refuse_arguments_outside_their_contract() {
     expect(b.causal_conv1d(&x, &w, &mut bf16_state), &["causal_conv1d", "BF16 [6, 3]"]);
     let mut state = b.zeros(&[6, 2]).unwrap();
     expect(b.causal_conv1d(&x, &w, &mut state), &["causal_conv1d", "weight [6, 4]", "[6, 2]"]);
-    let err = b.new_kv_cache(2, 8, Some(0)).err().expect("refused").to_string();
-    assert!(err.contains("new_kv_cache") && err.contains("window of 0"), "{err}");
 }
 
 /// An MoE layer whose router disagrees with its experts is refused before anything runs.

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use vt_core::backend::composed;
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Expert, GdnState, GdnStep, Linear, MoeExperts, Nvfp4, Result, Router, RouterKind,
-    SharedExpert, Tensor, Weight,
+    AttentionParams, DType, Expert, GdnState, GdnStep, KvLayout, KvSeq, Linear, MoeExperts, Nvfp4, Result, Router,
+    RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cuda::CudaBackend;
 
@@ -237,32 +237,31 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
     Ok(())
 }
 
-/// One decode step of attention, heads `(hq, hkv, d)`, over a cache of `ctx` positions (a ring of
-/// `window` rows when set, so it reads min(ctx, window) keys).
+/// One decode step of attention, heads `(hq, hkv, d)`, at position `ctx + 1` of a sequence (8 of
+/// them in turn, each in consecutive blocks of one pool), so it reads `ctx + 2` keys, or the
+/// window's.
 fn attention(b: &B, r: &Report, (hq, hkv, d): (usize, usize, usize), ctx: usize, window: Option<usize>) -> Result<()> {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
     let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
-    let mut caches = (0..8)
-        .map(|s| {
-            let mut c = b.new_kv_cache(hkv, d, window)?;
-            b.attention(
-                &rnd(&[ctx, hq, d], s)?,
-                &rnd(&[ctx, hkv, d], s + 10)?,
-                &rnd(&[ctx, hkv, d], s + 20)?,
-                &mut c,
-                &params,
-            )?;
-            Ok(c)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (seqs, per) = (8, (ctx + 2).div_ceil(b.kv_block_size()));
+    let mut kv = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: seqs * per }])?;
+    let tables: Vec<Vec<u32>> = (0..seqs).map(|s| ((s * per) as u32..((s + 1) * per) as u32).collect()).collect();
     let (q, k, v) = (rnd(&[1, hq, d], 1)?, rnd(&[1, hkv, d], 2)?, rnd(&[1, hkv, d], 3)?);
-    for c in caches.iter_mut() {
-        b.attention(&q, &k, &v, c, &params)?;
+    for (s, table) in tables.iter().enumerate() {
+        let (pq, pk, pv) = (
+            rnd(&[ctx + 1, hq, d], s as u64)?,
+            rnd(&[ctx + 1, hkv, d], s as u64 + 10)?,
+            rnd(&[ctx + 1, hkv, d], s as u64 + 20)?,
+        );
+        b.attention(&pq, &pk, &pv, &mut kv, KvSeq { layer: 0, table, start: 0 }, &params)?;
     }
-    let n = caches.len();
-    let time = b.time_queued(64, 30.0, |i| b.attention(&q, &k, &v, &mut caches[i % n], &params).map(|_| ()))?;
+    let kv = std::cell::RefCell::new(kv);
+    let time = b.time_queued(64, 30.0, |i| {
+        let seq = KvSeq { layer: 0, table: &tables[i % seqs], start: ctx + 1 };
+        b.attention(&q, &k, &v, &mut kv.borrow_mut(), seq, &params).map(|_| ())
+    })?;
     // The keys a step reads: every position so far, or the window's.
-    let keys = window.map_or(ctx + 9, |w| w.min(ctx + 9));
+    let keys = window.map_or(ctx + 2, |w| w.min(ctx + 2));
     let bytes = (2 * keys * hkv * d * 2) as f64;
     let peer_keys = window.unwrap_or(ctx);
     let name = match window {

@@ -13,7 +13,8 @@ use std::io::Write;
 
 use vt_core::backend::prelude::*;
 use vt_core::{
-    AttentionParams, DType, Expert, GdnInputs, GdnMode, Linear, MoeExperts, Result, Router, RouterKind, Tensor, Weight,
+    AttentionParams, DType, Expert, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MoeExperts, Result, Router,
+    RouterKind, Tensor, Weight,
 };
 use vt_cuda::CudaBackend;
 
@@ -201,9 +202,11 @@ fn attention(
     let k = pool.tensor(b, &[t, hkv, d], 21, 1.0)?;
     let v = pool.tensor(b, &[t, hkv, d], 22, 1.0)?;
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+    let blocks = t.div_ceil(b.kv_block_size());
+    let table: Vec<u32> = (0..blocks as u32).collect();
     let ms = b.time_ms(runs().0, runs().1, || {
-        let mut cache = b.new_kv_cache(hkv, d, window)?;
-        b.attention(&q, &k, &v, &mut cache, &params).map(drop)
+        let mut kv = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks }])?;
+        b.attention(&q, &k, &v, &mut kv, KvSeq { layer: 0, table: &table, start: 0 }, &params).map(drop)
     })?;
     // Query p sees min(p + 1, window) keys.
     let pairs: usize = (0..t).map(|p| window.map_or(p + 1, |w| (p + 1).min(w))).sum();

@@ -9,15 +9,15 @@ use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
 use vt_core::backend::Pick;
 use vt_core::{
-    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvGrowth, Linear, MemoryStats, MoeExperts,
-    NormKind, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
+    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvLayout, KvSeq, Linear, MemoryStats,
+    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
 };
 
 use crate::alloc::CudaBuffer;
 use crate::capture::Recording;
 use crate::device::CudaBackend;
 use crate::error::{check, driver_err};
-use crate::kv::CudaKvCache;
+use crate::kv::{CudaKvPool, KV_BLOCK};
 use crate::ops::{attention, gdn, moe};
 use crate::record::CudaStepGraph;
 
@@ -38,6 +38,10 @@ impl Device for CudaBackend {
 
     fn memory(&self) -> MemoryStats {
         self.alloc().stats()
+    }
+
+    fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        CudaBackend::device_memory(self).map(Some)
     }
 
     fn buffer_addr(&self, buf: &CudaBuffer) -> usize {
@@ -176,22 +180,18 @@ impl Ops for CudaBackend {
 }
 
 impl KvOps for CudaBackend {
-    type KvCache = CudaKvCache;
+    type KvPool = CudaKvPool;
 
-    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Result<CudaKvCache> {
-        args::window(self, "new_kv_cache", window)?;
-        Ok(CudaKvCache::new(self.alloc().clone(), kv_heads, head_dim, window))
+    fn kv_block_size(&self) -> usize {
+        KV_BLOCK
     }
 
-    fn kv_growth(&self) -> KvGrowth {
-        KvGrowth::Doubling { min: crate::kv::MIN_ROWS }
+    fn new_kv_pool(&self, layers: &[KvLayout]) -> Result<CudaKvPool> {
+        CudaKvPool::new(self.alloc(), layers)
     }
 
-    fn kv_clear(&self, cache: &mut CudaKvCache) -> Result<()> {
-        // The rows stay: position p goes to row p (p % window) again, and no kernel reads a row
-        // past the positions seen.
-        cache.len = 0;
-        Ok(())
+    fn copy_kv_block(&self, pool: &mut CudaKvPool, layer: usize, src: u32, dst: u32) -> Result<()> {
+        pool.copy_block(self, layer, src, dst)
     }
 
     fn attention(
@@ -199,15 +199,11 @@ impl KvOps for CudaBackend {
         q: &Tensor<Self>,
         k: &Tensor<Self>,
         v: &Tensor<Self>,
-        cache: &mut CudaKvCache,
+        pool: &mut CudaKvPool,
+        seq: KvSeq<'_>,
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        attention::attention(self, q, k, v, cache, params)
-    }
-
-    fn kv_reserve(&self, cache: &mut CudaKvCache, positions: usize) -> Result<()> {
-        check(self.recording().is_none(), "kv_reserve", || "a recorder cannot move a cache".into())?;
-        cache.reserve_total(positions)
+        attention::attention(self, q, k, v, pool, seq, params)
     }
 }
 
@@ -254,14 +250,14 @@ impl FusedOps for CudaBackend {
         k: &Tensor<Self>,
         v: &Tensor<Self>,
         rope: &Rope,
-        positions: &[usize],
-        caches: &mut [&mut CudaKvCache],
+        pool: &mut CudaKvPool,
+        seqs: &[KvSeq<'_>],
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        if attention::decode_fits(caches) {
-            return attention::decode_step(self, q, k, v, rope, positions, caches, params);
+        if attention::decode_fits(pool, seqs) {
+            return attention::decode_step(self, q, k, v, rope, pool, seqs, params);
         }
-        vt_core::backend::composed::attention_decode(self, q, k, v, rope, positions, caches, params)
+        vt_core::backend::composed::attention_decode(self, q, k, v, rope, pool, seqs, params)
     }
 }
 
@@ -287,8 +283,9 @@ impl StepRecording for CudaBackend {
         graph: &mut CudaStepGraph,
         ids: &[u32],
         pos: usize,
-        caches: &mut [&mut CudaKvCache],
+        pool: &mut CudaKvPool,
+        seqs: &[KvSeq<'_>],
     ) -> Result<bool> {
-        crate::record::replay(self, graph, ids, pos, caches)
+        crate::record::replay(self, graph, ids, pos, pool, seqs)
     }
 }

@@ -49,7 +49,7 @@ pub use alloc::{AllocMode, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;
 #[cfg(feature = "cuda")]
-pub use kv::CudaKvCache;
+pub use kv::{CudaKvPool, KV_BLOCK};
 #[cfg(feature = "cuda")]
 pub use ops::moe::CudaExpertTable;
 #[cfg(feature = "cuda")]

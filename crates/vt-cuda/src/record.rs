@@ -7,18 +7,18 @@
 //! step to step is read from device memory that `replay` fills before the launch: the token ids
 //! (embedding) and the position (rope, the attention kernels, the KV append). Everything else a
 //! recording touches is fixed: weights, the sequence's recurrent states, which it updates in place,
-//! and its KV caches, whose storage the recording checks at every replay (`RecordedCache`).
+//! and its rows of the KV pool, which the recording checks at every replay (`RecordedCache`).
 
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use vt_core::backend::prelude::*;
-use vt_core::Result;
+use vt_core::{KvSeq, Result};
 
 use crate::capture::Recording;
 use crate::device::CudaBackend;
 use crate::error::{driver_err, err};
-use crate::kv::CudaKvCache;
+use crate::kv::{CudaKvPool, Rows};
 use crate::launch::i32_of;
 
 /// A recorded decode step, ready to replay on the backend it was recorded from.
@@ -61,15 +61,16 @@ pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<Cuda
     Ok(CudaStepGraph { graph, main: parent.stream().clone(), recorder })
 }
 
-/// Queues `g` for `ids` at `pos` after checking that `caches` are the storage it recorded, with
-/// room for this position; then advances them as the step does. `Ok(false)`: it no longer fits
-/// (a cache moved or is full), nothing was queued.
+/// Queues `g` for `ids` at `pos` after checking that `seqs`' rows in `pool` start where it
+/// recorded them, with room for this position. `Ok(false)`: it no longer fits (a table names other
+/// blocks, or is full), nothing was queued.
 pub(crate) fn replay(
     b: &CudaBackend,
     g: &mut CudaStepGraph,
     ids: &[u32],
     pos: usize,
-    caches: &mut [&mut CudaKvCache],
+    pool: &mut CudaKvPool,
+    seqs: &[KvSeq<'_>],
 ) -> Result<bool> {
     if !Arc::ptr_eq(&g.main, b.stream()) {
         return Err(err("replay: the step was recorded on another backend"));
@@ -82,17 +83,21 @@ pub(crate) fn replay(
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(err(format!("replay: token id {bad} is outside the recorded vocabulary of {vocab}")));
     }
-    let recorded = rec.caches.lock().unwrap_or_else(|p| p.into_inner());
-    if caches.len() != recorded.len() {
-        return Err(err(format!("replay: {} caches for a step recorded over {}", caches.len(), recorded.len())));
+    let recorded = rec.caches.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if seqs.len() != recorded.len() {
+        return Err(err(format!("replay: {} layers for a step recorded over {}", seqs.len(), recorded.len())));
     }
-    if caches.iter().any(|c| c.len != pos) {
-        return Err(err(format!("replay at position {pos}: a cache holds another number of positions")));
+    if seqs.iter().any(|s| s.start != pos) {
+        return Err(err(format!("replay at position {pos}: a layer's sequence is at another position")));
     }
-    let fits = caches.iter().zip(recorded.iter()).all(|(c, r)| c.recorded() == Some(*r) && pos < r.capacity);
-    drop(recorded);
-    if !fits {
-        return Ok(false);
+    for (s, r) in seqs.iter().zip(&recorded) {
+        // The recorded rows must start where the table's do and hold this position, within the
+        // table's own consecutive blocks (the step writes row `pos`; the splits past it read
+        // nothing).
+        let now = Rows::in_place(pool, s, 1).and_then(|rows| rows.recorded());
+        if !now.is_some_and(|c| c.keys == r.keys && pos < c.capacity.min(r.capacity)) {
+            return Ok(false);
+        }
     }
     let mut host = Vec::with_capacity(1 + ids.len());
     host.push(i32_of(pos, "position")? as u32);
@@ -100,12 +105,10 @@ pub(crate) fn replay(
     b.copy_in(&rec.inputs, &host)?;
     // SAFETY: the graph is alive (owned by `g`) and runs on the backend's stream after the inputs
     // copy. Every address recorded in it is alive: its arena and inputs are held by `g`, weights
-    // and recurrent states by the caller's model and sequence (which own `g`), and the KV caches
-    // are the recorded storage with room for this position (checked above).
+    // and recurrent states by the caller's model and sequence (which own `g`), and the pool rows
+    // are the recorded ones, in blocks the sequence's tables hold, with room for this position
+    // (checked above).
     unsafe { result::graph::launch(g.graph.cu_graph_exec(), b.stream().cu_stream()) }
         .map_err(|e| driver_err("launching a recorded step", e))?;
-    for c in caches.iter_mut() {
-        c.len += 1;
-    }
     Ok(true)
 }

@@ -12,8 +12,8 @@
 use vt_core::backend::prelude::*;
 use vt_core::backend::Pick;
 use vt_core::{
-    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, Linear, MoeExperts,
-    NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
+    AttentionParams, DType, Expert, Fp8Block, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvLayout, KvSeq, Linear,
+    MoeExperts, NormKind, Nvfp4, Rope, Router, RouterKind, SharedExpert, Tensor, Weight,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
@@ -147,6 +147,33 @@ fn out<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
     b.to_f32(t).unwrap()
 }
 
+/// A one-layer KV pool of `hkv` heads x `d` for sequences of `lens` positions, and their block
+/// tables: consecutive blocks each where `!scatter`, else one block of each sequence in turn (the
+/// CUDA backend gathers such tables; INTERIM until its kernels read tables).
+fn pool_of<B: Backend>(b: &B, hkv: usize, d: usize, lens: &[usize], scatter: bool) -> (B::KvPool, Vec<Vec<u32>>) {
+    let bs = b.kv_block_size();
+    let need: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
+    let mut tables: Vec<Vec<u32>> = need.iter().map(|_| Vec::new()).collect();
+    let mut next = 0u32;
+    if scatter {
+        for round in 0..need.iter().copied().max().unwrap_or(0) {
+            for (t, &n) in tables.iter_mut().zip(&need) {
+                if round < n {
+                    t.push(next);
+                    next += 1;
+                }
+            }
+        }
+    } else {
+        for (t, &n) in tables.iter_mut().zip(&need) {
+            t.extend(next..next + n as u32);
+            next += n as u32;
+        }
+    }
+    let pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: next as usize }]).unwrap();
+    (pool, tables)
+}
+
 /// Attention with heads `(hq, hkv, d)` over `steps` tokens per call into one cache, on both
 /// backends (`q`, `k`, `v` hold every call's rows in turn): every call's output.
 fn attention_steps(
@@ -160,13 +187,16 @@ fn attention_steps(
 ) {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
     on_both!(gpu, &format!("{op} [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
-        let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+        // Another sequence's blocks between this one's: scattered.
+        let total: usize = steps.iter().sum();
+        let (mut pool, tables) = pool_of(b, hkv, d, &[total, total], true);
         let (mut s, mut all) = (0, Vec::new());
         for &n in steps {
             let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
             let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
             let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-            all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap()));
+            let seq = KvSeq { layer: 0, table: &tables[0], start: s };
+            all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut pool, seq, &params).unwrap()));
             s += n;
         }
         all
@@ -821,21 +851,25 @@ fn attention_decode_batched_sequences() {
                             act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
                         )
                     };
-                    let mut caches: Vec<_> = (0..n).map(|_| b.new_kv_cache(hkv, d, window).unwrap()).collect();
+                    // Blocks dealt to the sequences in turn: a sequence of one block is consecutive
+                    // (read in place on CUDA), a longer one scattered (gathered).
+                    let full: Vec<usize> = lens.iter().map(|l| l + steps).collect();
+                    let (mut pool, tables) = pool_of(b, hkv, d, &full, true);
                     let mut at = 0;
-                    for (cache, &len) in caches.iter_mut().zip(&lens) {
+                    for (table, &len) in tables.iter().zip(&lens) {
                         let (qt, kt, vt) = rows(at, len);
-                        b.attention(&qt, &kt, &vt, cache, &params).unwrap();
+                        b.attention(&qt, &kt, &vt, &mut pool, KvSeq { layer: 0, table, start: 0 }, &params).unwrap();
                         at += len;
                     }
                     let mut all = Vec::new();
                     for s in 0..steps {
                         let (qt, kt, vt) = rows(at, n);
-                        let positions: Vec<usize> = lens.iter().map(|l| l + s).collect();
-                        let mut seqs: Vec<_> = caches.iter_mut().collect();
+                        let seqs: Vec<KvSeq<'_>> = (tables.iter().zip(&lens))
+                            .map(|(table, l)| KvSeq { layer: 0, table, start: l + s })
+                            .collect();
                         all.extend(out(
                             b,
-                            &b.attention_decode(&qt, &kt, &vt, &rope, &positions, &mut seqs, &params).unwrap(),
+                            &b.attention_decode(&qt, &kt, &vt, &rope, &mut pool, &seqs, &params).unwrap(),
                         ));
                         at += n;
                     }
@@ -863,13 +897,15 @@ fn attention_decode_long_cache() {
             // 2u for the tensor-core kernels: they round the probabilities to bf16 for P V.
             let bound = if [64, 128, 256].contains(&d) { 2.0 * U } else { U };
             on_both!(gpu, &format!("attention decode [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
-                let mut cache = b.new_kv_cache(hkv, d, window).unwrap();
+                // Consecutive blocks (read in place on CUDA).
+                let (mut pool, tables) = pool_of(b, hkv, d, &[total], false);
                 let (mut s, mut all) = (0, Vec::new());
                 for &n in &steps {
                     let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
                     let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
                     let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-                    let o = out(b, &b.attention(&qt, &kt, &vt, &mut cache, &params).unwrap());
+                    let seq = KvSeq { layer: 0, table: &tables[0], start: s };
+                    let o = out(b, &b.attention(&qt, &kt, &vt, &mut pool, seq, &params).unwrap());
                     // The decode steps are what this test is about.
                     if n == 1 {
                         all.extend(o);

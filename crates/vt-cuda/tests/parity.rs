@@ -64,7 +64,7 @@ fn name(dir: &Path) -> String {
 
 fn full_logits<B: Backend>(b: &B, dir: &Path, seq: &[u32]) -> Vec<f32> {
     let m = Model::load(b, dir).unwrap();
-    let mut st = m.new_state().unwrap();
+    let mut st = m.new_state(4096).unwrap();
     b.to_f32(&m.forward(seq, &mut st, Logits::All).unwrap()).unwrap()
 }
 
@@ -102,7 +102,7 @@ fn prefill_then_decode_matches_reference() {
         let r = Reference::load(&dir);
         let m = Model::load(&b, &dir).unwrap();
         let t = r.prompt_ids.len();
-        let mut st = m.new_state().unwrap();
+        let mut st = m.new_state(4096).unwrap();
         let mut ours = b.to_f32(&m.forward(&r.prompt_ids, &mut st, Logits::Last).unwrap()).unwrap();
         let mut want = r.row(t - 1).to_vec();
         // Teacher-forced decode over the reference continuation, one token at a time.
@@ -147,13 +147,13 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
         let mut states: Vec<_> = starts
             .iter()
             .map(|&p| {
-                let mut st = m.new_state().unwrap();
+                let mut st = m.new_state(4096).unwrap();
                 m.forward(&seq[..p], &mut st, Logits::Last).unwrap();
                 st
             })
             .collect();
         let (mut ours, mut want, mut positions) = (Vec::new(), Vec::new(), Vec::new());
-        let mut late = m.new_state().unwrap();
+        let mut late = m.new_state(4096).unwrap();
         for s in 0..steps {
             let mut batch: Vec<(&[u32], &mut _)> =
                 starts.iter().zip(states.iter_mut()).map(|(&p, st)| (&seq[p + s..p + s + 1], st)).collect();
@@ -216,7 +216,7 @@ fn greedy_generation_matches_reference() {
     for dir in all_fixtures() {
         let r = Reference::load(&dir);
         let m = Model::load(&b, &dir).unwrap();
-        let mut st = m.new_state().unwrap();
+        let mut st = m.new_state(4096).unwrap();
         let (mut ids, mut input) = (Vec::new(), r.prompt_ids.clone());
         for _ in 0..r.greedy_ids.len() {
             let id = argmax(&b.to_f32(&m.forward(&input, &mut st, Logits::Last).unwrap()).unwrap());

@@ -1,8 +1,8 @@
 //! Recorded decode steps (CUDA graphs) against the same steps launched op by op, on every fixture:
 //! a replay runs the same kernels over the same memory, reading the token id and the position from
 //! device memory, and attention's extra splits (sized for the cache's capacity) add exact zeros,
-//! so the logits must be bit-identical. Enough steps run that the full-attention KV caches (every
-//! fixture has some) fill and the sequence records again.
+//! so the logits must be bit-identical. Enough steps run that the blocks taken ahead for the first
+//! recording fill and the sequence records again.
 #![cfg(feature = "cuda")]
 
 use std::path::Path;
@@ -13,9 +13,8 @@ use vt_cuda::CudaBackend;
 use vt_models::{DummyWeights, Logits, Model};
 use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 
-/// Decode steps per fixture: enough to fill what the first recording reserved (after the first
-/// decode step a full-attention cache holds twice the prompt; recording reserves 256 positions
-/// ahead, so the cache at least doubles again: 4 x 137 = 548 for the longest fixture prompt).
+/// Decode steps per fixture: more than the 256 positions of blocks a recording takes ahead, so
+/// every sequence records again.
 const STEPS: usize = 480;
 
 /// A fixture's name, its reference prompt, and its model loaded twice: recording decode steps,
@@ -33,7 +32,7 @@ fn recorded_decode_equals_unrecorded_bit_for_bit() {
     let mut failed = Vec::new();
     for dir in all_fixtures() {
         let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
-        let (mut rs, mut ps) = (recorded.new_state().unwrap(), plain.new_state().unwrap());
+        let (mut rs, mut ps) = (recorded.new_state(4096).unwrap(), plain.new_state(4096).unwrap());
         let mut want = b.to_f32(&plain.forward(&prompt, &mut ps, Logits::Last).unwrap()).unwrap();
         let got = b.to_f32(&recorded.forward(&prompt, &mut rs, Logits::Last).unwrap()).unwrap();
         assert_eq!(got, want, "{name}: prefill differs");
@@ -72,7 +71,7 @@ fn a_recording_serves_only_the_model_that_made_it() {
         m
     };
     let (a, a_plain, b_recorded, b_plain) = (model(1, true), model(1, false), model(2, true), model(2, false));
-    let (mut rs, mut ps) = (a.new_state().unwrap(), a_plain.new_state().unwrap());
+    let (mut rs, mut ps) = (a.new_state(4096).unwrap(), a_plain.new_state(4096).unwrap());
     a.forward(&[1, 2, 3, 4], &mut rs, Logits::Last).unwrap();
     a_plain.forward(&[1, 2, 3, 4], &mut ps, Logits::Last).unwrap();
     // Three steps of model a: recorded at the first, then replayed.
@@ -106,7 +105,7 @@ fn every_sequence_records_at_its_first_decode_step() {
     // has built the expert tables (prepare builds them).
     assert!(m.moe_experts().all(|e| e.resident.is_empty()), "nothing derived before the first step");
     for prompt in [&[1][..], &[5, 6]] {
-        let (mut rs, mut ps) = (m.new_state().unwrap(), plain.new_state().unwrap());
+        let (mut rs, mut ps) = (m.new_state(4096).unwrap(), plain.new_state(4096).unwrap());
         let got = b.to_f32(&m.forward(prompt, &mut rs, Logits::Last).unwrap()).unwrap();
         assert_eq!(got, b.to_f32(&plain.forward(prompt, &mut ps, Logits::Last).unwrap()).unwrap(), "{prompt:?}");
         for id in [7, 8, 9] {
@@ -129,7 +128,7 @@ fn a_reset_state_replays_its_recording_for_the_next_sequence() {
     let mut failed = Vec::new();
     for dir in all_fixtures() {
         let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
-        let mut rs = recorded.new_state().unwrap();
+        let mut rs = recorded.new_state(4096).unwrap();
         // The first sequence: its first decode step records, the next two replay.
         recorded.forward(&prompt, &mut rs, Logits::Last).unwrap();
         for id in [1, 2, 3] {
@@ -139,7 +138,7 @@ fn a_reset_state_replays_its_recording_for_the_next_sequence() {
         recorded.reset_state(&mut rs).unwrap();
         assert_eq!(rs.len(), 0);
         let next: Vec<u32> = prompt.iter().rev().take(prompt.len() / 2 + 1).copied().collect();
-        let mut ps = plain.new_state().unwrap();
+        let mut ps = plain.new_state(4096).unwrap();
         let mut want = b.to_f32(&plain.forward(&next, &mut ps, Logits::Last).unwrap()).unwrap();
         let got = b.to_f32(&recorded.forward(&next, &mut rs, Logits::Last).unwrap()).unwrap();
         let mut same = got == want;
@@ -171,7 +170,6 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     let e = rec.to_f32(&t).unwrap_err().to_string();
     assert!(e.contains("read back"), "{e}");
     assert!(rec.recorder(1, 0).is_err(), "a recorder recording");
-    assert!(rec.kv_reserve(&mut b.new_kv_cache(1, 8, None).unwrap(), 4).is_err(), "a recorder moving a cache");
     drop((t, rec)); // abandoned: its capture ends unused
 
     let rows: Vec<f32> = (0..24).map(|v| v as f32).collect();
@@ -180,11 +178,13 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     let x = rec.embedding(&table, &[2]).unwrap();
     assert!(rec.embedding(&table, &[1, 2]).is_err(), "two ids in a one-id recording");
     let mut g = b.finish_recording(rec).unwrap();
-    let e = b.replay(&mut g, &[3], 5, &mut []).unwrap_err().to_string();
+    let mut pool = b.new_kv_pool(&[]).unwrap();
+    let e = b.replay(&mut g, &[3], 5, &mut pool, &[]).unwrap_err().to_string();
     assert!(e.contains("outside the recorded vocabulary"), "{e}");
-    assert!(b.replay(&mut g, &[1, 1], 5, &mut []).is_err(), "two ids");
-    assert!(b.replay(&mut g, &[1], 6, &mut []).unwrap(), "a step without caches replays at any position");
+    assert!(b.replay(&mut g, &[1, 1], 5, &mut pool, &[]).is_err(), "two ids");
+    assert!(b.replay(&mut g, &[1], 6, &mut pool, &[]).unwrap(), "a step without attention replays at any position");
     assert_eq!(b.to_f32(&x).unwrap(), rows[8..16], "the replayed id's row");
     let other = CudaBackend::new().unwrap();
-    assert!(other.replay(&mut g, &[1], 5, &mut []).is_err(), "another backend's recording");
+    let mut other_pool = other.new_kv_pool(&[]).unwrap();
+    assert!(other.replay(&mut g, &[1], 5, &mut other_pool, &[]).is_err(), "another backend's recording");
 }

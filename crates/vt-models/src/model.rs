@@ -9,6 +9,7 @@ mod delta_net;
 mod layer;
 mod mlp;
 mod moe;
+mod pool;
 mod state;
 
 use std::path::Path;
@@ -21,7 +22,8 @@ use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
 pub use batch::{decode_first, Logits};
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
-pub use state::{SeqState, StateBytes};
+pub use pool::{PoolConfig, PoolShape, PoolStats, StatePool};
+pub use state::SeqState;
 
 /// Source of model ids. An id only tells models apart (a sequence's recorded step belongs to the
 /// model that recorded it); nothing is keyed by it.
@@ -39,6 +41,8 @@ pub struct Model<B: Backend> {
     lm_head: Option<Linear<B>>,
     /// Whether single-token steps of one sequence run as recorded steps where the backend records.
     record_decode: bool,
+    /// Where each layer's sequence state lives in a pool.
+    state_layout: pool::StateLayout,
 }
 
 impl<B: Backend> Model<B> {
@@ -80,7 +84,18 @@ impl<B: Backend> Model<B> {
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(Model { id, backend: backend.clone(), spec, embed, layers, norm, lm_head, record_decode: true })
+        let state_layout = pool::StateLayout::of(backend, &layers);
+        Ok(Model {
+            id,
+            backend: backend.clone(),
+            spec,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            record_decode: true,
+            state_layout,
+        })
     }
 
     pub fn spec(&self) -> &ModelSpec {

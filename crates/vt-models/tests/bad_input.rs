@@ -170,13 +170,13 @@ fn prompt_ids_outside_vocabulary_are_rejected_without_harming_the_state() {
     let b = CpuBackend::new();
     let m = Model::load(&b, &fixture("qwen3moe")).unwrap();
     let vocab = m.spec().vocab as u32;
-    let mut st = m.new_state().unwrap();
+    let mut st = m.new_state(4096).unwrap();
     let err = m.forward(&[1, vocab, 2], &mut st, Logits::Last).unwrap_err().to_string();
     assert_mentions(&err, &[&vocab.to_string(), "vocabulary"]);
     assert_eq!(st.len(), 0, "a rejected prompt must not advance the sequence");
     // The state is still usable and gives what a fresh one gives.
     let a = vt_core::Device::to_f32(&b, &m.forward(&[1, 2, 3], &mut st, Logits::Last).unwrap()).unwrap();
-    let mut fresh = m.new_state().unwrap();
+    let mut fresh = m.new_state(4096).unwrap();
     let f = vt_core::Device::to_f32(&b, &m.forward(&[1, 2, 3], &mut fresh, Logits::Last).unwrap()).unwrap();
     assert_eq!(a, f);
 }
@@ -188,7 +188,7 @@ fn resetting_another_models_state_is_refused() {
     let b = CpuBackend::new();
     let (qwen, laguna) =
         (Model::load(&b, &fixture("qwen35moe_text")).unwrap(), Model::load(&b, &fixture("laguna_a")).unwrap());
-    let mut st = laguna.new_state().unwrap();
+    let mut st = laguna.new_state(4096).unwrap();
     laguna.forward(&[1, 2, 3], &mut st, Logits::Last).unwrap();
     let err = qwen.reset_state(&mut st).unwrap_err().to_string();
     assert_mentions(&err, &["reset_state", "other layers"]);

@@ -22,7 +22,7 @@ const EXPERT: &str = "model.layers.0.mlp.experts.3.gate_proj";
 
 fn full_forward(b: &CpuBackend, dir: &Path, seq: &[u32]) -> Vec<f32> {
     let m = Model::load(b, dir).unwrap();
-    let mut st = m.new_state().unwrap();
+    let mut st = m.new_state(4096).unwrap();
     b.to_f32(&m.forward(seq, &mut st, Logits::All).unwrap()).unwrap()
 }
 

@@ -23,7 +23,7 @@ const PAIRS: [(&str, &str); 2] =
 
 fn full_forward(b: &CpuBackend, dir: &Path, seq: &[u32]) -> Vec<f32> {
     let m = Model::load(b, dir).unwrap();
-    let mut st = m.new_state().unwrap();
+    let mut st = m.new_state(4096).unwrap();
     b.to_f32(&m.forward(seq, &mut st, Logits::All).unwrap()).unwrap()
 }
 

@@ -19,7 +19,7 @@ fn full_forward_matches_reference() {
         let r = Reference::load(&dir);
         let m = Model::load(&b, &dir).unwrap();
         let seq = r.sequence();
-        let mut st = m.new_state().unwrap();
+        let mut st = m.new_state(4096).unwrap();
         let ours = b.to_f32(&m.forward(&seq, &mut st, Logits::All).unwrap()).unwrap();
         let d = max_abs_diff(&ours, &r.logits);
         println!("{}: full forward over {} tokens, max |dlogit| = {d:.3e}", name(&dir), seq.len());
@@ -34,7 +34,7 @@ fn prefill_then_decode_matches_reference() {
         let r = Reference::load(&dir);
         let m = Model::load(&b, &dir).unwrap();
         let t = r.prompt_ids.len();
-        let mut st = m.new_state().unwrap();
+        let mut st = m.new_state(4096).unwrap();
         let mut worst =
             max_abs_diff(&b.to_f32(&m.forward(&r.prompt_ids, &mut st, Logits::Last).unwrap()).unwrap(), r.row(t - 1));
         // Teacher-forced decode over the reference continuation, one token at a time.
@@ -53,7 +53,7 @@ fn greedy_generation_matches_reference() {
     for dir in all_fixtures() {
         let r = Reference::load(&dir);
         let m = Model::load(&b, &dir).unwrap();
-        let mut st = m.new_state().unwrap();
+        let mut st = m.new_state(4096).unwrap();
         let mut ids = Vec::new();
         let mut input = r.prompt_ids.clone();
         for _ in 0..r.greedy_ids.len() {
@@ -77,7 +77,7 @@ fn split_prefill_matches_single_prefill() {
         let m = Model::load(&b, &dir).unwrap();
         let seq = r.sequence();
         for split in [3, 64, seq.len() - 5] {
-            let mut st = m.new_state().unwrap();
+            let mut st = m.new_state(4096).unwrap();
             m.forward(&seq[..split], &mut st, Logits::Last).unwrap();
             let rest = b.to_f32(&m.forward(&seq[split..], &mut st, Logits::All).unwrap()).unwrap();
             let d = max_abs_diff(&rest, &r.logits[split * r.vocab..]);
@@ -97,10 +97,11 @@ fn mixed_batch_of_prompt_chunks_and_single_tokens_matches_reference() {
         let seq = r.sequence();
         // (tokens already run, tokens this step): chunks and single tokens interleaved.
         let plan = [(4, 5), (7, 1), (2, 1), (0, 3), (9, 1), (5, 4)];
+        let pool = m.new_pool(&m.pool_config(plan.len(), 16, 16)).unwrap();
         let mut states: Vec<_> = plan
             .iter()
             .map(|&(done, _)| {
-                let mut st = m.new_state().unwrap();
+                let mut st = pool.new_state().unwrap();
                 if done > 0 {
                     m.forward(&seq[..done], &mut st, Logits::Last).unwrap();
                 }

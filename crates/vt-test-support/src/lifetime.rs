@@ -77,7 +77,7 @@ pub struct Run {
 /// Prefill of `prompt` (logits at every position), then `steps` greedy decode steps.
 pub fn run<B: Backend>(model: &Model<B>, prompt: &[u32], steps: usize) -> Run {
     let b = model.backend();
-    let mut state = model.new_state().expect("sequence state");
+    let mut state = model.new_state(4096).expect("sequence state");
     let mut logits = b.to_f32(&model.forward(prompt, &mut state, Logits::All).expect("prefill")).expect("logits");
     let vocab = model.spec().vocab;
     let mut ids = vec![argmax(&logits[logits.len() - vocab..])];

@@ -2,10 +2,13 @@
 //! (continuous batching); each step runs every decoding sequence's next token plus chunks of
 //! prompts (chunked prefill) within a token limit, through one batched forward.
 //!
-//! Admission reserves each sequence's worst-case state (`Model::state_bytes` at prompt + max
-//! tokens: KV caches as the backend grows them, capped at a sliding window; linear-attention
-//! state) against the memory budget, so a running sequence never runs out of memory
-//! mid-generation; requests wait until reservations are given back.
+//! Sequence state lives in one pool per engine (`vt_models::StatePool`): KV blocks, taken as
+//! positions arrive, and a linear-attention slot per sequence. Each step schedules by free blocks:
+//! running sequences first, oldest first, decodes before prompt chunks; when the pool runs out, the
+//! newest sequences are preempted (their blocks freed, their tokens recomputed later as a prompt,
+//! invisibly to their clients), and waiting requests start only while the pool has room for their
+//! prompt. A request that could never fit the pool, even alone, is refused at submission with the
+//! sizes; any other waits.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,7 +18,7 @@ use std::thread::JoinHandle;
 use rayon::prelude::*;
 use vt_core::backend::{mask_words, non_finite_row, Pick};
 use vt_core::{Backend, Error};
-use vt_models::{Model, ModelSpec, SeqState, StateBytes};
+use vt_models::{Model, ModelSpec, PoolConfig, PoolShape, PoolStats, SeqState, StatePool};
 
 use crate::grammar::{Grammar, TokenMask};
 use crate::sampling::{token_logprobs, Sampler, SamplingParams, TokenLogprobs};
@@ -29,16 +32,27 @@ pub struct EngineConfig {
     /// Most requests waiting for a free sequence slot, beyond those running; more are refused
     /// with `SubmitError::QueueFull`.
     pub max_queue: usize,
-    /// Bytes of sequence state (KV cache, linear-attention state) running sequences, and the
-    /// finished ones' states kept for reuse, may hold.
+    /// Bytes of the sequence-state pool (KV blocks and linear-attention states). `None`: on a
+    /// device with its own memory, `gpu_memory_utilization` of it less what is in use when the
+    /// engine starts (weights, workspace); on the host, enough for `max_seqs` sequences of
+    /// `max_context` tokens (host blocks are taken as they are first written).
     pub memory_budget: Option<usize>,
+    /// Fraction of the device's memory the process may use, pool included (`memory_budget: None`).
+    pub gpu_memory_utilization: f64,
     /// Longest sequence, prompt plus generated tokens (the checkpoint's `max_position_embeddings`).
     pub max_context: usize,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_tokens: 512, max_seqs: 32, max_queue: 256, memory_budget: None, max_context: 4096 }
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_seqs: 32,
+            max_queue: 256,
+            memory_budget: None,
+            gpu_memory_utilization: 0.9,
+            max_context: 4096,
+        }
     }
 }
 
@@ -81,7 +95,7 @@ pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 
 #[derive(Debug)]
 pub enum SubmitError {
-    /// The request can never run (bad ids, too long, over the budget...).
+    /// The request can never run (bad ids, too long, larger than the pool...).
     Invalid(Error),
     /// Too many requests are waiting; try again later.
     QueueFull,
@@ -120,7 +134,7 @@ impl CancelToken {
 #[derive(Clone)]
 struct Limits {
     spec: ModelSpec,
-    state_bytes: StateBytes,
+    pool: PoolShape,
     config: EngineConfig,
 }
 
@@ -131,8 +145,8 @@ impl Limits {
         self.config.max_queue + self.config.max_seqs.max(1).saturating_sub(running)
     }
 
-    /// Checks a request; returns the tokens it may generate and the bytes to reserve for it.
-    fn admit(&self, req: &Request) -> Result<(usize, usize), SubmitError> {
+    /// Checks a request; returns the tokens it may generate.
+    fn admit(&self, req: &Request) -> Result<usize, SubmitError> {
         let invalid = |m: String| Err(SubmitError::Invalid(Error::input(m)));
         let ctx = self.config.max_context;
         if req.prompt.is_empty() {
@@ -149,13 +163,9 @@ impl Limits {
         }
         req.sampling.validate().map_err(SubmitError::Invalid)?;
         let gen = req.max_tokens.min(ctx - req.prompt.len());
-        let bytes = self.state_bytes.at(req.prompt.len() + gen);
-        match self.config.memory_budget {
-            Some(budget) if bytes > budget => {
-                invalid(format!("the request needs {bytes} bytes of sequence state; the memory budget is {budget}"))
-            }
-            _ => Ok((gen, bytes)),
-        }
+        // The last generated token is never run: the sequence holds prompt + gen - 1 positions.
+        self.pool.check_fits(req.prompt.len() + gen - 1, self.config.max_batch_tokens).map_err(SubmitError::Invalid)?;
+        Ok(gen)
     }
 }
 
@@ -164,7 +174,6 @@ struct Waiting {
     sink: Sink,
     cancel: CancelToken,
     max_gen: usize,
-    reserve: usize,
 }
 
 struct Running<B: Backend> {
@@ -172,22 +181,21 @@ struct Running<B: Backend> {
     cancel: CancelToken,
     state: SeqState<B>,
     sampler: Sampler,
-    /// Tokens to run next: the rest of the prompt, or the last generated token.
-    pending: Vec<u32>,
+    /// The prompt and every token generated so far; those past `state.len()` run next (the rest
+    /// of the prompt, or the last generated token; all of them after a preemption).
+    tokens: Vec<u32>,
     stop_token_ids: Vec<u32>,
     grammar: Option<Grammar>,
     logprobs: Option<usize>,
     generated: usize,
     max_gen: usize,
-    reserve: usize,
 }
 
-/// A finished sequence's state, emptied (`Model::reset_state`) for a later request: its storage
-/// and its recorded decode step stay, so that request allocates and records nothing.
-/// `bytes`: what its sequence reserved, an estimate of the storage it holds.
-struct Spare<B: Backend> {
-    state: SeqState<B>,
-    bytes: usize,
+impl<B: Backend> Running<B> {
+    /// Tokens not yet in the state.
+    fn pending(&self) -> &[u32] {
+        &self.tokens[self.state.len()..]
+    }
 }
 
 /// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
@@ -202,12 +210,14 @@ pub struct Engine<B: Backend> {
     model: Model<B>,
     limits: Limits,
     waiting: VecDeque<Waiting>,
+    /// In the order they started: the earlier, the higher their priority for blocks.
     running: Vec<Running<B>>,
-    reserved: usize,
-    /// States of finished sequences, oldest first, held beside the reservations (`spare_bytes`)
-    /// and dropped, oldest first, when a request would not fit the memory budget beside them.
-    spare: VecDeque<Spare<B>>,
-    spare_bytes: usize,
+    /// Every sequence's state lives here.
+    pool: StatePool<B>,
+    /// States of finished sequences, emptied (`Model::reset_state`: no blocks) for later requests:
+    /// each keeps its linear-attention slot and its recorded decode step, so the request that
+    /// takes it allocates and records nothing. At most `max_seqs` with the running ones.
+    spare: Vec<SeqState<B>>,
     /// What a handle reads of this engine between steps.
     shared: Arc<Shared>,
 }
@@ -219,26 +229,54 @@ struct Shared {
     admitted: AtomicUsize,
     /// Sequences running.
     running: AtomicUsize,
-    /// Bytes of sequence state reserved by running sequences plus those kept for reuse.
-    state_bytes: AtomicUsize,
+    /// KV blocks in use and in the pool.
+    blocks_used: AtomicUsize,
+    blocks_total: AtomicUsize,
+    /// Sequences preempted so far.
+    preemptions: AtomicUsize,
 }
 
 impl<B: Backend> Engine<B> {
-    pub fn new(model: Model<B>, mut config: EngineConfig) -> Self {
+    /// An engine over `model`, with its state pool sized by `config` (an error when the pool
+    /// cannot hold one sequence of two tokens).
+    pub fn new(model: Model<B>, mut config: EngineConfig) -> vt_core::Result<Self> {
         // A step must be able to make progress.
         config.max_batch_tokens = config.max_batch_tokens.max(1);
         config.max_seqs = config.max_seqs.max(1);
-        let limits = Limits { spec: model.spec().clone(), state_bytes: model.state_bytes(), config };
-        Engine {
+        // The pool for `max_seqs` sequences of the longest context; its bytes are the host's default.
+        let sized = model.pool_config(config.max_seqs, config.max_context, config.max_batch_tokens);
+        let bytes = match config.memory_budget {
+            Some(bytes) => bytes,
+            None => match model.backend().device_memory()? {
+                Some((free, total)) => {
+                    let allowed = (total as f64 * config.gpu_memory_utilization.clamp(0.0, 1.0)) as usize;
+                    allowed.checked_sub(total - free).ok_or_else(|| {
+                        Error::input(format!(
+                            "{} bytes of the device's {total} are in use, over the {} allowed \
+                             (gpu memory utilization {}): no room for the KV pool",
+                            total - free,
+                            allowed,
+                            config.gpu_memory_utilization
+                        ))
+                    })?
+                }
+                None => sized.bytes,
+            },
+        };
+        let pool = model.new_pool(&PoolConfig { bytes, ..sized })?;
+        let limits = Limits { spec: model.spec().clone(), pool: pool.shape(), config };
+        limits.pool.check_fits(2, limits.config.max_batch_tokens)?;
+        let engine = Engine {
             model,
             limits,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            reserved: 0,
-            spare: VecDeque::new(),
-            spare_bytes: 0,
+            pool,
+            spare: Vec::new(),
             shared: Arc::default(),
-        }
+        };
+        engine.publish();
+        Ok(engine)
     }
 
     pub fn model(&self) -> &Model<B> {
@@ -250,9 +288,9 @@ impl<B: Backend> Engine<B> {
         if self.waiting.len() >= self.limits.waiting_room(self.running.len()) {
             return Err(SubmitError::QueueFull);
         }
-        let (max_gen, reserve) = self.limits.admit(&req)?;
+        let max_gen = self.limits.admit(&req)?;
         let cancel = CancelToken::default();
-        self.waiting.push_back(Waiting { req, sink, cancel: cancel.clone(), max_gen, reserve });
+        self.waiting.push_back(Waiting { req, sink, cancel: cancel.clone(), max_gen });
         Ok(cancel)
     }
 
@@ -270,32 +308,38 @@ impl<B: Backend> Engine<B> {
         self.spare.len()
     }
 
+    /// The pool's blocks and slots in use and in all.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Sequences preempted so far (their blocks freed, their tokens recomputed).
+    pub fn preemptions(&self) -> usize {
+        self.shared.preemptions.load(Ordering::Relaxed)
+    }
+
     /// One batched forward over the running sequences (admitting waiting ones first).
     /// Returns the number of tokens it ran.
     pub fn step(&mut self) -> usize {
         self.drop_cancelled();
-        self.admit();
-        let mut budget = self.limits.config.max_batch_tokens;
-        // Decodes first (one token each, latency-bound), then prompt chunks with what is left.
-        let mut take = vec![0; self.running.len()];
-        for i in vt_models::decode_first(self.running.iter().map(|s| s.pending.len())) {
-            take[i] = self.running[i].pending.len().min(budget);
-            budget -= take[i];
-        }
+        let take = self.schedule();
         // A sequence needs a token when this step ends its pending tokens. When all that do are
         // greedy (a grammar's mask goes to the device), the tokens are picked where the logits are
         // and only they are read back.
-        let needs_token = |s: &Running<B>, n: usize| n > 0 && n == s.pending.len();
-        let greedy = (self.running.iter().zip(&take)).all(|(s, &n)| !needs_token(s, n) || s.sampler.is_greedy());
+        let needs: Vec<bool> =
+            (self.running.iter().zip(&take)).map(|(s, &n)| n > 0 && n == s.pending().len()).collect();
+        let greedy = (self.running.iter().zip(&needs)).all(|(s, &need)| !need || s.sampler.is_greedy());
         // Greedy picks' logprobs are computed where the logits are, for the most any sequence asks.
-        let top_k =
-            (self.running.iter().zip(&take)).filter(|(s, &n)| needs_token(s, n)).filter_map(|(s, _)| s.logprobs).max();
+        let top_k = (self.running.iter().zip(&needs)).filter(|(_, &need)| need).filter_map(|(s, _)| s.logprobs).max();
         let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
             .running
             .iter_mut()
             .zip(&take)
             .filter(|(_, &n)| n > 0)
-            .map(|(s, &n)| (&s.pending[..n], &mut s.state))
+            .map(|(s, &n)| {
+                let at = s.state.len();
+                (&s.tokens[at..at + n], &mut s.state)
+            })
             .collect();
         if batch.is_empty() {
             return 0;
@@ -305,8 +349,8 @@ impl<B: Backend> Engine<B> {
         // sequences costs about one mask's time.
         let logits = self.model.forward_batch(&mut batch);
         drop(batch);
-        let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&take))
-            .map(|(s, &n)| if needs_token(s, n) { s.grammar.as_mut() } else { None })
+        let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&needs))
+            .map(|(s, &need)| if need { s.grammar.as_mut() } else { None })
             .collect();
         let mut masks: Vec<Option<crate::Result<TokenMask>>> =
             grammars.par_iter_mut().map(|g| g.as_mut().map(|g| g.mask())).collect();
@@ -345,9 +389,8 @@ impl<B: Backend> Engine<B> {
             if take[i] == 0 {
                 continue;
             }
-            s.pending.drain(..take[i]);
             row += 1;
-            if !s.pending.is_empty() {
+            if !s.pending().is_empty() {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
             let (id, logprobs) = match &picks {
@@ -403,7 +446,7 @@ impl<B: Backend> Engine<B> {
             } else if s.generated >= s.max_gen {
                 Some(Event::Done(Finish::Length))
             } else {
-                s.pending.push(id);
+                s.tokens.push(id);
                 None
             };
         }
@@ -419,10 +462,8 @@ impl<B: Backend> Engine<B> {
             match done(&s, i) {
                 Some(ev) => {
                     (s.sink)(ev);
-                    self.reserved -= s.reserve;
                     if reuse && self.model.reset_state(&mut s.state).is_ok() {
-                        self.spare_bytes += s.reserve;
-                        self.spare.push_back(Spare { state: s.state, bytes: s.reserve });
+                        self.spare.push(s.state);
                     }
                 }
                 None => kept.push(s),
@@ -433,16 +474,10 @@ impl<B: Backend> Engine<B> {
     }
 
     fn publish(&self) {
+        let stats = self.pool.stats();
         self.shared.running.store(self.running.len(), Ordering::Relaxed);
-        self.shared.state_bytes.store(self.reserved + self.spare_bytes, Ordering::Relaxed);
-    }
-
-    /// Drops the oldest kept states until those left hold at most `room` bytes.
-    fn trim_spare(&mut self, room: usize) {
-        while self.spare_bytes > room {
-            let Some(s) = self.spare.pop_front() else { break };
-            self.spare_bytes -= s.bytes;
-        }
+        self.shared.blocks_used.store(stats.blocks_used, Ordering::Relaxed);
+        self.shared.blocks_total.store(stats.blocks_total, Ordering::Relaxed);
     }
 
     fn drop_cancelled(&mut self) {
@@ -458,45 +493,105 @@ impl<B: Backend> Engine<B> {
         self.shared.admitted.fetch_add(before - self.waiting.len(), Ordering::Relaxed);
     }
 
-    /// Starts waiting requests, in order, while sequences and memory allow.
-    fn admit(&mut self) {
-        let budget = self.limits.config.memory_budget.unwrap_or(usize::MAX);
-        while self.running.len() < self.limits.config.max_seqs {
+    /// How many tokens each running sequence runs this step (starting waiting requests as the
+    /// pool allows): decodes first, then prompt chunks, within the step's token limit and the
+    /// pool's free blocks. A sequence short of blocks preempts the newest sequences that hold
+    /// some; with none left to preempt it runs what fits (perhaps nothing) and waits.
+    fn schedule(&mut self) -> Vec<usize> {
+        let mut budget = self.limits.config.max_batch_tokens;
+        let mut free = self.pool.free_blocks();
+        let mut take = vec![0; self.running.len()];
+        let mut failed: Vec<Option<Event>> = vec![None; self.running.len()];
+        let mut preempted = false;
+        for i in vt_models::decode_first(self.running.iter().map(|s| s.pending().len())) {
+            let want = self.running[i].pending().len().min(budget);
+            if want == 0 {
+                continue;
+            }
+            let fits = |s: &Running<B>, n: usize, free: &[usize]| {
+                s.state.blocks_to_run(n).iter().zip(free).all(|(a, f)| a <= f)
+            };
+            while !fits(&self.running[i], want, &free) {
+                // The newest sequence after `i` that holds blocks or is scheduled to take some.
+                let Some(j) = (i + 1..self.running.len())
+                    .rev()
+                    .find(|&j| take[j] > 0 || self.running[j].state.blocks_held().iter().any(|&n| n > 0))
+                else {
+                    break;
+                };
+                let victim = &mut self.running[j];
+                for ((f, held), more) in
+                    free.iter_mut().zip(victim.state.blocks_held()).zip(victim.state.blocks_to_run(take[j]))
+                {
+                    *f += held;
+                    if take[j] > 0 {
+                        *f += more;
+                    }
+                }
+                budget += take[j];
+                take[j] = 0;
+                if let Err(e) = self.model.reset_state(&mut victim.state) {
+                    // It cannot be emptied: it fails, and its blocks go with its state.
+                    failed[j] = Some(Event::Failed(e.to_string()));
+                }
+                preempted = true;
+                self.shared.preemptions.fetch_add(1, Ordering::Relaxed);
+            }
+            let s = &self.running[i];
+            let n = (1..=want).rev().find(|&n| fits(s, n, &free)).unwrap_or(0);
+            for (f, more) in free.iter_mut().zip(s.state.blocks_to_run(n)) {
+                *f -= more;
+            }
+            take[i] = n;
+            budget -= n;
+        }
+        if failed.iter().any(Option::is_some) {
+            take = take.iter().zip(&failed).filter(|(_, f)| f.is_none()).map(|(&n, _)| n).collect();
+            self.finish_where(false, |_, i| failed[i].take());
+        }
+        if !preempted {
+            self.admit(&mut budget, &mut free, &mut take);
+        }
+        self.publish();
+        take
+    }
+
+    /// Starts waiting requests, in order, while sequences, the step's tokens and the pool's
+    /// blocks (for each one's whole prompt) allow; schedules their first chunks.
+    fn admit(&mut self, budget: &mut usize, free: &mut [usize], take: &mut Vec<usize>) {
+        let chunk = self.limits.config.max_batch_tokens;
+        while self.running.len() < self.limits.config.max_seqs && *budget > 0 {
             let Some(w) = self.waiting.front() else { break };
-            // The latest kept state, if it fits the budget: it is then reserved at the larger of
-            // its storage and the request's needs.
-            let reuse =
-                (self.spare.back()).map(|s| s.bytes.max(w.reserve)).filter(|&bytes| self.reserved + bytes <= budget);
-            let reserve = reuse.unwrap_or(w.reserve);
-            if self.reserved + reserve > budget {
+            let need = self.limits.pool.peak_blocks(w.req.prompt.len(), chunk);
+            if need.iter().zip(free.iter()).any(|(n, f)| n > f) {
                 break;
             }
-            let kept = reuse.map(|_| {
-                let s = self.spare.pop_back().expect("a kept state");
-                self.spare_bytes -= s.bytes;
-                s.state
-            });
-            self.trim_spare(budget - self.reserved - reserve);
             let mut w = self.waiting.pop_front().expect("front exists");
             self.shared.admitted.fetch_add(1, Ordering::Relaxed);
-            let started = kept
-                .map_or_else(|| self.model.new_state(), Ok)
+            let started = self
+                .spare
+                .pop()
+                .map_or_else(|| self.pool.new_state(), Ok)
                 .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
             match started {
                 Ok((state, sampler)) => {
-                    self.reserved += reserve;
+                    let n = w.req.prompt.len().min(*budget);
+                    for (f, more) in free.iter_mut().zip(state.blocks_to_run(n)) {
+                        *f -= more;
+                    }
+                    *budget -= n;
+                    take.push(n);
                     self.running.push(Running {
                         sink: w.sink,
                         cancel: w.cancel,
                         state,
                         sampler,
-                        pending: w.req.prompt,
+                        tokens: w.req.prompt,
                         stop_token_ids: w.req.stop_token_ids,
                         grammar: w.req.grammar,
                         logprobs: w.req.logprobs,
                         generated: 0,
                         max_gen: w.max_gen,
-                        reserve,
                     });
                 }
                 Err(e) => {
@@ -504,7 +599,6 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        self.publish();
     }
 }
 
@@ -550,11 +644,12 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    pub fn spawn<B: Backend>(model: Model<B>, config: EngineConfig) -> Self
+    /// Starts an engine (`Engine::new`) on its own thread.
+    pub fn spawn<B: Backend>(model: Model<B>, config: EngineConfig) -> vt_core::Result<Self>
     where
         Model<B>: Send,
     {
-        let mut engine = Engine::new(model, config);
+        let mut engine = Engine::new(model, config)?;
         let limits = engine.limits.clone();
         let shared = engine.shared.clone();
         let (tx, rx) = mpsc::channel::<Msg>();
@@ -574,7 +669,7 @@ impl EngineHandle {
                 engine.step();
             })
             .expect("spawning the engine thread");
-        EngineHandle { tx: Some(tx), thread: Some(thread), limits, submitted: AtomicUsize::new(0), shared }
+        Ok(EngineHandle { tx: Some(tx), thread: Some(thread), limits, submitted: AtomicUsize::new(0), shared })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -595,31 +690,23 @@ impl EngineHandle {
         self.shared.running.load(Ordering::Relaxed)
     }
 
-    /// Bytes of sequence state (KV cache, linear-attention state) held at the last step:
-    /// reserved by running sequences plus kept for reuse.
-    pub fn state_bytes(&self) -> usize {
-        self.shared.state_bytes.load(Ordering::Relaxed)
+    /// KV blocks in use and in the pool at the last step.
+    pub fn pool_blocks(&self) -> (usize, usize) {
+        (self.shared.blocks_used.load(Ordering::Relaxed), self.shared.blocks_total.load(Ordering::Relaxed))
     }
 
-    /// Whether this configuration can run a request at all: the memory budget must hold the state
-    /// of a sequence of two tokens (a one-token prompt and one generated).
-    pub fn check_serviceable(&self) -> Result<(), String> {
-        let need = self.limits.state_bytes.at(2);
-        match self.limits.config.memory_budget {
-            Some(budget) if budget < need => Err(format!(
-                "the memory budget ({budget} bytes) cannot hold even one sequence of 2 tokens ({need} bytes)"
-            )),
-            _ => Ok(()),
-        }
+    /// Sequences preempted so far.
+    pub fn preemptions(&self) -> usize {
+        self.shared.preemptions.load(Ordering::Relaxed)
     }
 
     pub fn submit(&self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
-        let (max_gen, reserve) = self.limits.admit(&req)?;
+        let max_gen = self.limits.admit(&req)?;
         if self.queued() >= self.limits.waiting_room(self.running()) {
             return Err(SubmitError::QueueFull);
         }
         let cancel = CancelToken::default();
-        let w = Waiting { req, sink, cancel: cancel.clone(), max_gen, reserve };
+        let w = Waiting { req, sink, cancel: cancel.clone(), max_gen };
         let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
         tx.send(Msg::Add(Box::new(w))).map_err(|_| SubmitError::Closed)?;
         self.submitted.fetch_add(1, Ordering::Relaxed);

@@ -45,7 +45,8 @@ pub fn generate_with<B: Backend>(
 ) -> Result<Generation> {
     let b = model.backend();
     let mut sampler = Sampler::new(opts.sampling.clone(), prompt)?;
-    let mut state = model.new_state()?;
+    // The last generated token is never run.
+    let mut state = model.new_state((prompt.len() + opts.max_new_tokens).saturating_sub(1).max(1))?;
     // A few pages up front: `max_new_tokens` may be far beyond what the context allows.
     let mut out = Vec::with_capacity(opts.max_new_tokens.min(4096));
     let started = Instant::now();

@@ -46,7 +46,7 @@ fn json_schema_output_is_valid_however_it_samples() {
         "name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 1000}, "ok": {"type": "boolean"}},
         "required": ["name", "n", "ok"], "additionalProperties": false});
     let spec = ConstraintSpec::JsonSchema(schema);
-    let mut engine = Engine::new(model, EngineConfig::default());
+    let mut engine = Engine::new(model, EngineConfig::default()).unwrap();
     let prompt = tok.encode("Give me JSON:", false).unwrap();
     for seed in 0..4 {
         let req = Request {
@@ -88,7 +88,7 @@ fn greedy_masks_on_the_backend_pick_as_the_host_path() {
     let spec = ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {
         "a": {"type": "string", "maxLength": 6}, "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
         "required": ["a", "b"], "additionalProperties": false}));
-    let mut engine = Engine::new(model, EngineConfig::default());
+    let mut engine = Engine::new(model, EngineConfig::default()).unwrap();
     let request = |text: &str, constrained: bool, host: bool| Request {
         prompt: tok.encode(text, false).unwrap(),
         max_tokens: 40,
@@ -129,7 +129,7 @@ fn logprobs_are_the_log_softmax_of_the_model_logits() {
     let model = Model::load(&b, &dir).unwrap();
     let prompt = vec![5, 17, 300, 42];
     // The reference: every position's logits of the prompt plus the generated tokens at once.
-    let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default());
+    let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default()).unwrap();
     for sampling in [SamplingParams::greedy(), SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }] {
         let req = Request { prompt: prompt.clone(), max_tokens: 6, sampling, logprobs: Some(4), ..Default::default() };
         let events = run(&mut engine, req);
@@ -144,7 +144,7 @@ fn logprobs_are_the_log_softmax_of_the_model_logits() {
             }
         }
         let all: Vec<u32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
-        let mut state = model.new_state().unwrap();
+        let mut state = model.new_state(4096).unwrap();
         let logits = b.to_f32(&model.forward(&all, &mut state, Logits::All).unwrap()).unwrap();
         let vocab = model.spec().vocab;
         for (i, lp) in lps.iter().enumerate() {

@@ -59,7 +59,8 @@ fn batched_greedy_equals_alone_on_every_fixture() {
         // 512: whole prompts in one step; 7: prompts split over several steps.
         for max_batch_tokens in [512, 7] {
             let mut engine =
-                Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig { max_batch_tokens, ..Default::default() });
+                Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig { max_batch_tokens, ..Default::default() })
+                    .unwrap();
             let mut logs = Vec::new();
             for (i, p) in ps.iter().enumerate() {
                 let (log, sink) = collect();
@@ -92,7 +93,7 @@ fn reused_states_compute_as_new_ones_on_every_fixture() {
         let ps = prompts(model.spec().vocab, 6);
         let opts = GenerateOptions { max_new_tokens: GEN, ..Default::default() };
         let alone: Vec<Vec<u32>> = ps.iter().map(|p| vt::generate(&model, p, &opts).unwrap().token_ids).collect();
-        let mut engine = Engine::new(model, EngineConfig { max_seqs: 2, ..Default::default() });
+        let mut engine = Engine::new(model, EngineConfig { max_seqs: 2, ..Default::default() }).unwrap();
         let mut logs = Vec::new();
         for (i, p) in ps.iter().enumerate() {
             let (log, sink) = collect();
@@ -127,7 +128,7 @@ fn greedy_sampled_and_penalised_sequences_batch_as_alone() {
         SamplingParams { repetition_penalty: 1.3, ..Default::default() },
     ];
     let run = |which: &[usize]| {
-        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default());
+        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default()).unwrap();
         let logs: Vec<Log> = which
             .iter()
             .map(|&i| {
@@ -148,7 +149,7 @@ fn greedy_sampled_and_penalised_sequences_batch_as_alone() {
 }
 
 fn small_engine(config: EngineConfig) -> Engine<CpuBackend> {
-    Engine::new(Model::load(&CpuBackend::new(), &fixture("qwen3moe")).unwrap(), config)
+    Engine::new(Model::load(&CpuBackend::new(), &fixture("qwen3moe")).unwrap(), config).unwrap()
 }
 
 #[test]
@@ -191,48 +192,62 @@ fn stop_tokens_cancellation_and_bad_requests() {
     }
 }
 
+/// A pool too small for every admitted sequence to finish: sequences start while their prompts'
+/// blocks are free, the newest are preempted when the pool runs out mid-decode and recomputed
+/// later, and every one gets the greedy tokens it gets alone; a request that could never fit is
+/// refused with the sizes.
 #[test]
-fn memory_budget_limits_running_sequences() {
-    // Find what one 8 + 8-token sequence reserves by probing the budget.
-    let per_seq = (1..)
-        .map(|kb| kb * 1024)
-        .find(|&b| {
-            small_engine(EngineConfig { memory_budget: Some(b), ..Default::default() })
-                .add(request(vec![1; 8], 8), collect().1)
-                .is_ok()
-        })
-        .unwrap();
-    let mut engine = small_engine(EngineConfig { memory_budget: Some(2 * per_seq), ..Default::default() });
-    let logs: Vec<Log> = (0..5)
-        .map(|_| {
-            let (log, sink) = collect();
-            engine.add(request(vec![1; 8], 8), sink).unwrap();
-            log
-        })
-        .collect();
-    let mut most = 0;
-    while engine.has_work() {
-        engine.step();
-        most = most.max(engine.running());
+fn a_small_pool_admits_by_blocks_and_preempts_to_the_same_tokens() {
+    const GEN: usize = 12;
+    for dir in all_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let b = CpuBackend::new();
+        let model = Model::load(&b, &dir).unwrap();
+        let vocab = model.spec().vocab;
+        let ps: Vec<Vec<u32>> =
+            (0..5).map(|i| (0..10).map(|j| ((i * 31 + j * 7 + 1) % vocab) as u32).collect()).collect();
+        let opts = GenerateOptions { max_new_tokens: GEN, ..Default::default() };
+        let alone: Vec<Vec<u32>> = ps.iter().map(|p| vt::generate(&model, p, &opts).unwrap().token_ids).collect();
+        // Room for 4 sequences of one block's positions; each needs two to finish.
+        let block = vt_core::KvOps::kv_block_size(model.backend());
+        assert!(10 < block && 10 + GEN > block, "the test assumes 16-position blocks, not {block}");
+        let budget = model.pool_config(4, block, 512).bytes;
+        let config =
+            EngineConfig { max_seqs: 4, max_context: 64 * block, memory_budget: Some(budget), ..Default::default() };
+        let mut engine = Engine::new(model, config).unwrap();
+        let total = engine.pool_stats().blocks_total;
+        let logs: Vec<Log> = ps
+            .iter()
+            .map(|p| {
+                let (log, sink) = collect();
+                engine.add(request(p.clone(), GEN), sink).unwrap();
+                log
+            })
+            .collect();
+        while engine.has_work() {
+            engine.step();
+            assert!(engine.pool_stats().blocks_used <= total);
+        }
+        assert!(engine.preemptions() > 0, "{name}: the pool was meant to run out");
+        for (i, log) in logs.iter().enumerate() {
+            assert_eq!(tokens(log), alone[i], "{name}: sequence {i}");
+            assert_eq!(finish(log), Some(Finish::Length));
+        }
+        assert_eq!(engine.pool_stats().blocks_used, 0, "{name}: finished sequences hold no blocks");
+        let err = engine.add(request(vec![1; 8], 32 * block), collect().1).unwrap_err().to_string();
+        assert!(err.contains("KV blocks") && err.contains("the pool holds"), "{name}: {err}");
     }
-    assert_eq!(most, 2);
-    assert!(logs.iter().all(|l| tokens(l).len() == 8));
-    // The two finished states are kept within the budget. A shorter request takes the latest,
-    // reserved at what that state holds, and the other still fits beside it.
-    assert_eq!(engine.kept_states(), 2);
-    let (short, sink) = collect();
-    engine.add(request(vec![1; 8], 2), sink).unwrap();
-    engine.step();
-    assert_eq!((engine.running(), engine.kept_states()), (1, 1));
-    run_to_end(&mut engine);
-    assert_eq!((tokens(&short).len(), engine.kept_states()), (2, 2));
-    // A longer request that the budget holds leaves no room beside it: the kept states go.
-    let (long, sink) = collect();
-    engine.add(request(vec![1; 8], 14), sink).unwrap();
-    engine.step();
-    assert_eq!((engine.running(), engine.kept_states()), (1, 0));
-    run_to_end(&mut engine);
-    assert_eq!((tokens(&long).len(), engine.kept_states()), (14, 1));
-    let err = engine.add(request(vec![1; 8], 200), collect().1).unwrap_err().to_string();
-    assert!(err.contains("memory budget"), "{err}");
+}
+
+/// An engine whose pool cannot hold even one short sequence is an error at start that names it.
+#[test]
+fn a_pool_too_small_for_one_sequence_is_refused() {
+    let err = Engine::new(
+        Model::load(&CpuBackend::new(), &fixture("qwen35moe_text")).unwrap(),
+        EngineConfig { memory_budget: Some(1024), ..Default::default() },
+    )
+    .err()
+    .expect("a 1 KiB pool")
+    .to_string();
+    assert!(err.contains("1024 bytes"), "{err}");
 }

@@ -111,8 +111,11 @@ fn check(s: &AppState, bytes: &Bytes) {
 fn generated_request_bodies_never_panic_the_parser() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
     let model = Model::load(&CpuBackend::new(), &dir).unwrap();
-    let state =
-        AppState::new(EngineHandle::spawn(model, EngineConfig::default()), Tokenizer::load(&dir).unwrap(), "m".into());
+    let state = AppState::new(
+        EngineHandle::spawn(model, EngineConfig::default()).unwrap(),
+        Tokenizer::load(&dir).unwrap(),
+        "m".into(),
+    );
     let cases = std::env::var("VT_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() })
         .run(&bodies(), |b| {

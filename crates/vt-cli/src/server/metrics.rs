@@ -35,7 +35,9 @@ pub struct Metrics {
     generated_tokens: Counter,
     running: Gauge,
     waiting: Gauge,
-    state_bytes: Gauge,
+    pool_blocks_used: Gauge,
+    pool_blocks_total: Gauge,
+    preemptions: Gauge,
 }
 
 impl Default for Metrics {
@@ -46,7 +48,8 @@ impl Default for Metrics {
         let ttft = Histogram::new(exponential_buckets(0.001, 2.0, 17));
         let tpot = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
         let (prompt_tokens, generated_tokens) = (Counter::default(), Counter::default());
-        let (running, waiting, state_bytes) = (Gauge::default(), Gauge::default(), Gauge::default());
+        let (running, waiting) = (Gauge::default(), Gauge::default());
+        let (pool_blocks_used, pool_blocks_total, preemptions) = (Gauge::default(), Gauge::default(), Gauge::default());
         registry.register("http_requests", "HTTP requests answered, by route and status", requests.clone());
         registry.register("time_to_first_token_seconds", "From submission to the first generated token", ttft.clone());
         registry.register("time_per_output_token_seconds", "Between consecutive generated tokens", tpot.clone());
@@ -54,12 +57,26 @@ impl Default for Metrics {
         registry.register("generated_tokens", "Tokens generated", generated_tokens.clone());
         registry.register("running_sequences", "Sequences running in the engine", running.clone());
         registry.register("waiting_requests", "Requests submitted and not yet started", waiting.clone());
+        registry.register("kv_pool_blocks_used", "KV blocks of the pool held by sequences", pool_blocks_used.clone());
+        registry.register("kv_pool_blocks", "KV blocks in the pool", pool_blocks_total.clone());
         registry.register(
-            "state_memory_bytes",
-            "Sequence state (KV cache, linear-attention state) reserved or kept for reuse",
-            state_bytes.clone(),
+            "preempted_sequences",
+            "Sequences whose blocks were freed for older ones (recomputed later)",
+            preemptions.clone(),
         );
-        Metrics { registry, requests, ttft, tpot, prompt_tokens, generated_tokens, running, waiting, state_bytes }
+        Metrics {
+            registry,
+            requests,
+            ttft,
+            tpot,
+            prompt_tokens,
+            generated_tokens,
+            running,
+            waiting,
+            pool_blocks_used,
+            pool_blocks_total,
+            preemptions,
+        }
     }
 }
 
@@ -118,7 +135,10 @@ pub async fn render(State(s): State<Arc<AppState>>) -> Response {
     let m = &s.metrics;
     m.running.set(s.engine.running() as i64);
     m.waiting.set(s.engine.queued() as i64);
-    m.state_bytes.set(s.engine.state_bytes() as i64);
+    let (used, total) = s.engine.pool_blocks();
+    m.pool_blocks_used.set(used as i64);
+    m.pool_blocks_total.set(total as i64);
+    m.preemptions.set(s.engine.preemptions() as i64);
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &m.registry) {
         return super::error::ApiError::internal(format!("encoding metrics: {e}")).into_response();

@@ -3,7 +3,7 @@
 //! What they check is the trait's contract; a backend checks only its own limits on top (a
 //! kernel's largest head dimension, its cache's layout).
 
-use super::{AttentionParams, Device, GdnDims, GdnInputs, Rope};
+use super::{AttentionParams, Device, GdnDims, GdnInputs, KvSeq, Rope, RELEASED};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router, RouterKind};
 use crate::{DType, Error, Result};
@@ -162,9 +162,36 @@ pub fn causal_conv1d<B: Device>(b: &B, x: &Tensor<B>, w: &Tensor<B>, state: &Ten
     Ok((channels, kernel))
 }
 
-/// `KvOps::new_kv_cache` and `KvOps::attention`: a sliding window holds at least one position.
+/// `KvOps::attention`: a sliding window holds at least one position.
 pub fn window<B: Device>(b: &B, op: &str, window: Option<usize>) -> Result<()> {
     ensure(b, window != Some(0), op, || "a sliding window of 0 positions".into())
+}
+
+/// A call writing `t` positions through `seq` into a pool layer of `blocks` blocks of `block`
+/// positions: the table covers positions `..seq.start + t`, and every block a query of the call
+/// can see (from the first query's window on) is one of the layer's.
+pub fn kv_table<B: Device>(
+    b: &B,
+    op: &str,
+    seq: &KvSeq<'_>,
+    t: usize,
+    block: usize,
+    blocks: usize,
+    window: Option<usize>,
+) -> Result<()> {
+    let end = seq.start + t;
+    ensure(b, block > 0 && seq.table.len() * block >= end, op, || {
+        format!("a table of {} blocks of {block} positions for positions up to {end}", seq.table.len())
+    })?;
+    let first = window.map_or(0, |w| (seq.start + 1).saturating_sub(w));
+    let seen = &seq.table[first / block..end.div_ceil(block)];
+    match seen.iter().find(|&&id| id as usize >= blocks) {
+        Some(&bad) if bad == RELEASED => {
+            Err(error(b, op, format!("positions {first}..{end} are visible but a block of theirs was released")))
+        }
+        Some(&bad) => Err(error(b, op, format!("block {bad} in a table of a pool layer of {blocks} blocks"))),
+        None => Ok(()),
+    }
 }
 
 /// Shapes of one `KvOps::attention` call.
@@ -177,8 +204,8 @@ pub struct AttentionDims {
 }
 
 /// `KvOps::attention`: q `[t, q_heads, d]`, k and v `[t, kv_heads, d]`, `q_heads` a multiple of
-/// `kv_heads`, a window of at least one position. (Whether they fit the cache is the backend's:
-/// the cache is its type.)
+/// `kv_heads`, a window of at least one position. (Whether they fit the pool layer is the
+/// backend's: the pool is its type; `kv_table` checks the table against it.)
 pub fn attention<B: Device>(
     b: &B,
     q: &Tensor<B>,

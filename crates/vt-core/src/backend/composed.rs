@@ -2,7 +2,7 @@
 //! gets for a method it does not override, and what a fusing backend falls back to where its
 //! fused kernel does not fit.
 
-use super::{AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, NormKind, Ops};
+use super::{AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, KvSeq, NormKind, Ops};
 use super::{Rope, SharedExpert};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
@@ -239,30 +239,28 @@ pub fn attention_decode<B: KvOps>(
     k: &Tensor<B>,
     v: &Tensor<B>,
     rope: &Rope,
-    positions: &[usize],
-    caches: &mut [&mut B::KvCache],
+    pool: &mut B::KvPool,
+    seqs: &[KvSeq<'_>],
     params: &AttentionParams,
 ) -> Result<Tensor<B>> {
     let op = "attention_decode";
-    let n = caches.len();
-    if positions.len() != n || !per_seq(n, &[q, k, v]) {
+    let n = seqs.len();
+    if !per_seq(n, &[q, k, v]) || seqs.iter().any(|s| s.layer != seqs[0].layer) {
         return Err(crate::Error::input(format!(
-            "{op}: {n} caches, {} positions, q {:?}, k {:?}, v {:?} (a row each)",
-            positions.len(),
+            "{op}: {n} sequences, q {:?}, k {:?}, v {:?} (a row each, one pool layer)",
             q.shape(),
             k.shape(),
             v.shape()
         )));
     }
-    let parts = caches
-        .iter_mut()
-        .zip(positions)
+    let parts = seqs
+        .iter()
         .enumerate()
-        .map(|(i, (cache, &pos))| {
+        .map(|(i, seq)| {
             let (qi, ki, vi) = (seq_part(b, q, i, n)?, seq_part(b, k, i, n)?, seq_part(b, v, i, n)?);
-            let qi = b.rope(qi.as_ref().unwrap_or(q), pos, rope)?;
-            let ki = b.rope(ki.as_ref().unwrap_or(k), pos, rope)?;
-            b.attention(&qi, &ki, vi.as_ref().unwrap_or(v), cache, params)
+            let qi = b.rope(qi.as_ref().unwrap_or(q), seq.start, rope)?;
+            let ki = b.rope(ki.as_ref().unwrap_or(k), seq.start, rope)?;
+            b.attention(&qi, &ki, vi.as_ref().unwrap_or(v), pool, *seq, params)
         })
         .collect::<Result<Vec<_>>>()?;
     stack_rows(b, parts)

@@ -21,6 +21,11 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     fn instance_id(&self) -> u64;
     fn activation_dtype(&self) -> DType;
     fn memory(&self) -> MemoryStats;
+    /// The device's free and total memory in bytes, where it has a fixed amount (a GPU): an
+    /// engine sizes its KV pool from it. `None` (the default): host memory, sized by the caller.
+    fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
     /// Address of a buffer's first byte (device address on a GPU).
     fn buffer_addr(&self, buf: &Self::Buffer) -> usize;
 

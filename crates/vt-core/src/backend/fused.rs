@@ -1,7 +1,7 @@
 //! Fused ops: steps made of primitive ops that a backend may run as fewer, faster launches. Each
 //! has a composed default in `composed.rs`, so a new backend can leave them all out.
 
-use super::{composed, AttentionParams, KvOps, NormKind, Rope};
+use super::{composed, AttentionParams, KvOps, KvSeq, NormKind, Rope};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
 use crate::Result;
@@ -81,10 +81,10 @@ pub trait FusedOps: KvOps {
         composed::gated_delta_step(self, step, states)
     }
 
-    /// Attention of one new token for each of `caches.len()` sequences: row `i` of `q`
-    /// `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads, head_dim]` sits at position
-    /// `positions[i]`, the length of `caches[i]`. Rotates q and k at those positions (`rope`),
-    /// appends k and v to each cache and attends as `attention` does -> `[n, q_heads, head_dim]`.
+    /// Attention of one new token for each of `seqs.len()` sequences in one pool layer (the same
+    /// `layer` in each): row `i` of `q` `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads,
+    /// head_dim]` sits at position `seqs[i].start`. Rotates q and k at those positions (`rope`),
+    /// then writes and attends as `attention` does for each sequence -> `[n, q_heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]
     fn attention_decode(
         &self,
@@ -92,10 +92,10 @@ pub trait FusedOps: KvOps {
         k: &Tensor<Self>,
         v: &Tensor<Self>,
         rope: &Rope,
-        positions: &[usize],
-        caches: &mut [&mut Self::KvCache],
+        pool: &mut Self::KvPool,
+        seqs: &[KvSeq<'_>],
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        composed::attention_decode(self, q, k, v, rope, positions, caches, params)
+        composed::attention_decode(self, q, k, v, rope, pool, seqs, params)
     }
 }

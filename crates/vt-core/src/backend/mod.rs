@@ -2,7 +2,8 @@
 //!
 //! - `Device` (device.rs): identity, memory, transfers in and out; all `Tensor<B>` needs.
 //! - `Ops` (ops.rs): the primitive ops a model graph is made of.
-//! - `KvOps` (kv.rs): attention's key/value cache and the attention that appends to it.
+//! - `KvOps` (kv.rs): attention's key/value block pool and the attention that reads and writes it
+//!   through a sequence's block table.
 //! - `FusedOps` (fused.rs): composite steps a backend may fuse; every one has a composed default
 //!   (composed.rs), so a new backend may implement none of them.
 //! - `StepRecording` (record.rs): capturing a decode step to replay it; optional, defaults record
@@ -26,7 +27,7 @@ mod record;
 pub use composed::{argmax, check_finite, mask_words, non_finite_row, stack_rows, token_logprobs, Pick, TokenLogprobs};
 pub use device::{Device, MemoryStats};
 pub use fused::{FusedOps, GdnState, GdnStep, SharedExpert};
-pub use kv::{AttentionParams, KvGrowth, KvOps};
+pub use kv::{AttentionParams, KvLayout, KvOps, KvSeq, RELEASED};
 pub use ops::{GateAct, GdnDims, GdnInputs, GdnMode, NormKind, Ops, Rope};
 pub use record::StepRecording;
 

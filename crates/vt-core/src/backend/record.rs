@@ -1,7 +1,7 @@
 //! Recorded decode steps (optional): a backend that can capture one step's ops and run them again
 //! (a CUDA graph). The model uses them where `recorder` gives one; the defaults record nothing.
 
-use super::KvOps;
+use super::{KvOps, KvSeq};
 use crate::Result;
 
 pub trait StepRecording: KvOps {
@@ -11,8 +11,7 @@ pub trait StepRecording: KvOps {
     /// A backend that records the ops queued on it, instead of running them, for one step of `ids`
     /// new tokens at position `pos`: ops read the ids and the position from device memory that
     /// `replay` fills, so the recording runs any later step of that shape. Memory it allocates
-    /// belongs to the recording; attention on it leaves the caches' lengths alone (the step has
-    /// not run; `replay` advances them). `None` where this backend does not record.
+    /// belongs to the recording. `None` where this backend does not record.
     fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
         let _ = (ids, pos);
         Ok(None)
@@ -26,18 +25,19 @@ pub trait StepRecording: KvOps {
         drop(recorder);
         Err(crate::Error::backend(self.name(), "this backend does not record steps"))
     }
-    /// Queues a recorded step for `ids` at position `pos` over the attention `caches` it was
-    /// recorded with (in the order the step uses them), which it advances as the step does.
-    /// `Ok(false)`, with nothing queued, where the recording no longer fits them (a cache's storage
-    /// moved or is full): run the step without it.
+    /// Queues a recorded step for `ids` at position `pos` over the sequence's attention layers
+    /// `seqs` in `pool` (in the order the step uses them, each at `start == pos`). `Ok(false)`,
+    /// with nothing queued, where the recording no longer fits them (a table now names other
+    /// blocks, or has no room for `pos`): run the step without it.
     fn replay(
         &self,
         graph: &mut Self::StepGraph,
         ids: &[u32],
         pos: usize,
-        caches: &mut [&mut Self::KvCache],
+        pool: &mut Self::KvPool,
+        seqs: &[KvSeq<'_>],
     ) -> Result<bool> {
-        let _ = (graph, ids, pos, caches);
+        let _ = (graph, ids, pos, pool, seqs);
         Err(crate::Error::backend(self.name(), "this backend does not record steps"))
     }
 }

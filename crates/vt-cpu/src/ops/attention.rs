@@ -1,15 +1,16 @@
-//! Causal GQA attention over a paged per-sequence KV cache, optionally windowed.
+//! The CPU's KV block pool, and causal GQA attention through a sequence's block table,
+//! optionally windowed.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 use vt_core::backend::check::AttentionDims;
-use vt_core::{AttentionParams, Result};
+use vt_core::{AttentionParams, KvLayout, KvSeq, Result};
 
 use super::rows::dot;
 use crate::alloc::{Allocator, CpuBuffer};
 
-/// Positions per KV block: the unit of cache memory a sequence takes and gives back.
+/// Positions per KV block: the unit of pool memory a sequence takes and gives back.
 pub const KV_BLOCK: usize = 16;
 
 /// Keys and values of `KV_BLOCK` consecutive positions.
@@ -18,114 +19,116 @@ struct KvBlock {
     v: CpuBuffer,
 }
 
-/// One attention layer's keys and values for one sequence, in fixed-size blocks from the backend's
-/// allocator (the block pool: in arena mode a freed block is the next one handed out).
-///
-/// The block table maps position `p` to block `p / KV_BLOCK`, so growing never copies. A
-/// sliding-window layer gives back every block that has fallen wholly out of the window, so it
-/// holds at most `window / KV_BLOCK + 2` blocks between calls.
-pub struct CpuKvCache {
-    alloc: Arc<Allocator>,
-    kv_heads: usize,
-    head_dim: usize,
-    window: Option<usize>,
-    /// `None` where a sliding layer has released the block.
+/// One attention layer's blocks; a block's memory is taken from the backend's allocator when it
+/// is first written (host memory is not reserved ahead) and kept until the pool is dropped.
+struct PoolLayer {
+    layout: KvLayout,
     blocks: Vec<Option<KvBlock>>,
-    /// Positions seen so far.
-    len: usize,
 }
 
-impl CpuKvCache {
-    pub(crate) fn new(alloc: Arc<Allocator>, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
-        CpuKvCache { alloc, kv_heads, head_dim, window, blocks: Vec::new(), len: 0 }
+/// The CPU's KV pool: every attention layer's keys and values in blocks of `KV_BLOCK` positions,
+/// f32 `[KV_BLOCK, kv_heads, head_dim]` each.
+pub struct CpuKvPool {
+    alloc: Arc<Allocator>,
+    layers: Vec<PoolLayer>,
+}
+
+impl CpuKvPool {
+    pub(crate) fn new(alloc: Arc<Allocator>, layouts: &[KvLayout]) -> Self {
+        let layers = layouts
+            .iter()
+            .map(|&layout| PoolLayer { layout, blocks: (0..layout.blocks).map(|_| None).collect() })
+            .collect();
+        CpuKvPool { alloc, layers }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
+    /// Blocks of host memory taken so far (written at least once), over all layers.
+    pub fn blocks_allocated(&self) -> usize {
+        self.layers.iter().map(|l| l.blocks.iter().filter(|b| b.is_some()).count()).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// The layout of pool layer `layer`, or an error naming `op`.
+    pub(crate) fn layout(&self, layer: usize, op: &str) -> Result<KvLayout> {
+        self.layers.get(layer).map(|l| l.layout).ok_or_else(|| no_layer(op, layer, self.layers.len()))
     }
 
-    /// No positions and no blocks, as new (nothing is recorded over a CPU cache, so nothing is
-    /// gained by keeping them).
-    pub(crate) fn clear(&mut self) {
-        self.blocks.clear();
-        self.len = 0;
-    }
-
-    /// Blocks of backend memory held.
-    pub fn blocks_held(&self) -> usize {
-        self.blocks.iter().filter(|b| b.is_some()).count()
-    }
-
-    /// Positions of backend memory held.
-    pub fn capacity(&self) -> usize {
-        self.blocks_held() * KV_BLOCK
-    }
-
-    fn row(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    /// Appends `t` rows of keys and values, taking new blocks as needed.
-    fn append(&mut self, k: &[f32], v: &[f32], t: usize) -> Result<()> {
-        let row = self.row();
-        for i in 0..t {
-            let pos = self.len + i;
-            let (b, off) = (pos / KV_BLOCK, (pos % KV_BLOCK) * row);
-            if b == self.blocks.len() {
-                let bytes = KV_BLOCK * row * 4;
-                self.blocks.push(Some(KvBlock {
-                    k: CpuBuffer::new(&self.alloc, bytes)?,
-                    v: CpuBuffer::new(&self.alloc, bytes)?,
-                }));
-            }
-            let block = self.blocks[b].as_mut().expect("the newest block is never released");
-            block.k.f32s_mut()[off..off + row].copy_from_slice(&k[i * row..(i + 1) * row]);
-            block.v.f32s_mut()[off..off + row].copy_from_slice(&v[i * row..(i + 1) * row]);
+    /// Block `id` of `layer`, its memory taken if this is its first write.
+    fn block_mut(&mut self, layer: usize, id: u32) -> Result<&mut KvBlock> {
+        let alloc = &self.alloc;
+        let l = &mut self.layers[layer];
+        let bytes = KV_BLOCK * l.layout.kv_heads * l.layout.head_dim * 4;
+        let slot = &mut l.blocks[id as usize];
+        if slot.is_none() {
+            *slot = Some(KvBlock { k: CpuBuffer::new(alloc, bytes)?, v: CpuBuffer::new(alloc, bytes)? });
         }
-        self.len += t;
+        Ok(slot.as_mut().expect("filled above"))
+    }
+
+    /// `KvOps::copy_kv_block`.
+    pub(crate) fn copy_block(&mut self, layer: usize, src: u32, dst: u32) -> Result<()> {
+        let blocks = self.layout(layer, "copy_kv_block")?.blocks;
+        if src as usize >= blocks || dst as usize >= blocks {
+            return Err(crate::err(format!("copy_kv_block: blocks {src} -> {dst} in a layer of {blocks}")));
+        }
+        let Some(from) = &self.layers[layer].blocks[src as usize] else {
+            // Never written: its contents are undefined, so are the copy's.
+            return Ok(());
+        };
+        let (k, v) = (from.k.f32s().to_vec(), from.v.f32s().to_vec());
+        let to = self.block_mut(layer, dst)?;
+        to.k.f32s_mut().copy_from_slice(&k);
+        to.v.f32s_mut().copy_from_slice(&v);
         Ok(())
     }
+}
 
-    /// Keys (or values) of all kv heads at position `pos`; the block must be held.
+fn no_layer(op: &str, layer: usize, layers: usize) -> vt_core::Error {
+    crate::err(format!("{op}: pool layer {layer} of a pool of {layers} layers"))
+}
+
+/// A sequence's view of one pool layer, for reading.
+struct SeqView<'a> {
+    layer: &'a PoolLayer,
+    table: &'a [u32],
+    row: usize,
+}
+
+impl SeqView<'_> {
+    /// Keys (or values) of all kv heads at position `pos`; its block is written (checked).
     fn read(&self, pos: usize, which_v: bool) -> &[f32] {
-        let (row, off) = (self.row(), (pos % KV_BLOCK) * self.row());
-        let block = self.blocks[pos / KV_BLOCK].as_ref().expect("visible positions are held");
+        let off = (pos % KV_BLOCK) * self.row;
+        let block =
+            self.layer.blocks[self.table[pos / KV_BLOCK] as usize].as_ref().expect("visible positions are written");
         let buf = if which_v { &block.v } else { &block.k };
-        &buf.f32s()[off..off + row]
-    }
-
-    /// Frees the blocks no future query can see: the next query is at `len` and sees `> len - w`.
-    fn release_outside_window(&mut self) {
-        let Some(w) = self.window else { return };
-        let first_needed = (self.len + 1).saturating_sub(w);
-        for block in self.blocks.iter_mut().take(first_needed / KV_BLOCK) {
-            *block = None;
-        }
+        &buf.f32s()[off..off + self.row]
     }
 }
 
-/// Appends `k`, `v` and attends `q` over every visible cached position.
-pub fn attention(
+/// Writes `k`, `v` at the sequence's new positions and attends `q` over every visible position
+/// (`seq`'s table checked against the pool layer, whose shape is `s`'s).
+pub(crate) fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     s: &AttentionDims,
-    cache: &mut CpuKvCache,
+    pool: &mut CpuKvPool,
+    seq: KvSeq<'_>,
     p: &AttentionParams,
 ) -> Result<Vec<f32>> {
-    let start = cache.len;
-    cache.append(k, v, s.t)?;
-    let out = attend(q, cache, s, start, p);
-    cache.release_outside_window();
-    Ok(out)
+    let row = s.kv_heads * s.head_dim;
+    for i in 0..s.t {
+        let pos = seq.start + i;
+        let block = pool.block_mut(seq.layer, seq.table[pos / KV_BLOCK])?;
+        let off = (pos % KV_BLOCK) * row;
+        block.k.f32s_mut()[off..off + row].copy_from_slice(&k[i * row..(i + 1) * row]);
+        block.v.f32s_mut()[off..off + row].copy_from_slice(&v[i * row..(i + 1) * row]);
+    }
+    let view = SeqView { layer: &pool.layers[seq.layer], table: seq.table, row };
+    Ok(attend(q, &view, s, seq.start, p))
 }
 
 /// `q` rows are positions `q_start..`, each attending over the cache up to its own position.
-fn attend(q: &[f32], cache: &CpuKvCache, s: &AttentionDims, q_start: usize, p: &AttentionParams) -> Vec<f32> {
+fn attend(q: &[f32], cache: &SeqView<'_>, s: &AttentionDims, q_start: usize, p: &AttentionParams) -> Vec<f32> {
     let (d, hq, hkv) = (s.head_dim, s.q_heads, s.kv_heads);
     let group = hq / hkv;
     let mut out = vec![0.0f32; s.t * hq * d];
@@ -150,30 +153,4 @@ fn attend(q: &[f32], cache: &CpuKvCache, s: &AttentionDims, q_start: usize, p: &
         }
     });
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::alloc::HostMemory;
-    use crate::AllocMode;
-
-    #[test]
-    fn sliding_layer_gives_back_blocks_outside_the_window() {
-        let alloc = Arc::new(Allocator::new(AllocMode::System, HostMemory));
-        let (w, row) = (20, 2);
-        let mut cache = CpuKvCache::new(alloc.clone(), 1, row, Some(w));
-        let s = AttentionDims { t: 1, q_heads: 1, kv_heads: 1, head_dim: row };
-        let p = AttentionParams { scale: 1.0, window: Some(w) };
-        for i in 0..200 {
-            let x = [i as f32, 1.0];
-            attention(&x, &x, &x, &s, &mut cache, &p).unwrap();
-            assert!(cache.blocks_held() <= w / KV_BLOCK + 2, "{} blocks at {i}", cache.blocks_held());
-        }
-        let mut full = CpuKvCache::new(alloc, 1, row, None);
-        let p = AttentionParams { scale: 1.0, window: None };
-        let x = vec![1.0; 40 * row];
-        attention(&x, &x, &x, &AttentionDims { t: 40, ..s }, &mut full, &p).unwrap();
-        assert_eq!(full.blocks_held(), 40usize.div_ceil(KV_BLOCK));
-    }
 }

@@ -2,11 +2,10 @@
 //! as Qwen3-MoE): its weights, their loading, and its forward over a batched step.
 
 use vt_core::backend::stack_rows;
-use vt_core::{AttentionParams, Backend, Error, GateAct, Linear, Result, Tensor};
+use vt_core::{AttentionParams, Backend, Error, GateAct, KvSeq, Linear, Result, Tensor};
 
 use super::batch::{batched_decodes, take_rows, Span};
 use super::layer::{linear_bytes, tensor_bytes};
-use super::state::LayerState;
 use crate::loader::Loader;
 use crate::spec::{AttnGate, AttnSpec};
 
@@ -58,13 +57,16 @@ impl<B: Backend> Attention<B> {
     }
 
     /// The mixer over `x` (the normed hidden states of every sequence's `spans`), each sequence
-    /// attending over its own cache in `states`.
+    /// attending through its block table (`tables`, in span order) in layer `layer` of `pool`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &self,
         b: &B,
         x: &Tensor<B>,
         spans: &[Span],
-        states: &mut [&mut LayerState<B>],
+        pool: &mut B::KvPool,
+        layer: usize,
+        tables: &[&[u32]],
         eps: f32,
     ) -> Result<Tensor<B>> {
         let s = &self.spec;
@@ -91,15 +93,15 @@ impl<B: Backend> Attention<B> {
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
         // Many sequences' single-token steps (the batch runner puts them first): one batched
         // call. One sequence keeps the per-sequence ops, which a recorded step records.
+        let seqs: Vec<KvSeq<'_>> =
+            spans.iter().zip(tables).map(|(sp, &table)| KvSeq { layer, table, start: sp.start }).collect();
         let decodes = batched_decodes(spans);
         if decodes == spans.len() {
-            let positions: Vec<usize> = spans.iter().map(|sp| sp.start).collect();
             let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
-            let o = b.attention_decode(&q, &k, &v, &s.rope, &positions, &mut kv_caches(states)?, &params)?;
+            let o = b.attention_decode(&q, &k, &v, &s.rope, pool, &seqs, &params)?;
             return self.out(b, o.reshape(&[t, width])?, gate, g_proj);
         }
         let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
-        let (decoding, prompts) = states.split_at_mut(decodes);
         if decodes > 0 {
             // Their rows lead each tensor (q and k are [t, heads, d], v [t, kv_heads * d]).
             let lead = |x: &Tensor<B>, rows: usize, heads: usize| {
@@ -110,21 +112,17 @@ impl<B: Backend> Attention<B> {
                 lead(&k, decodes * s.kv_heads, s.kv_heads)?,
                 lead(&v, decodes, s.kv_heads)?,
             );
-            let positions: Vec<usize> = spans[..decodes].iter().map(|sp| sp.start).collect();
-            let o = b.attention_decode(&qd, &kd, &vd, &s.rope, &positions, &mut kv_caches(decoding)?, &params)?;
+            let o = b.attention_decode(&qd, &kd, &vd, &s.rope, pool, &seqs[..decodes], &params)?;
             parts.push(o.reshape(&[decodes, width])?);
         }
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
-        for (sp, state) in spans[decodes..].iter().zip(prompts.iter_mut()) {
-            let LayerState::Attention(cache) = &mut **state else {
-                return Err(Error::input("sequence state belongs to another model"));
-            };
+        for (sp, &seq) in spans[decodes..].iter().zip(&seqs[decodes..]) {
             let rows =
                 |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
             let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
-            parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, cache, &params)?.reshape(&[sp.len, width])?);
+            parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, pool, seq, &params)?.reshape(&[sp.len, width])?);
         }
         self.out(b, stack_rows(b, parts)?, gate, g_proj)
     }
@@ -138,15 +136,4 @@ impl<B: Backend> Attention<B> {
         };
         b.linear(&o, &self.o_proj)
     }
-}
-
-/// The KV caches of one attention layer's `states`, a sequence each.
-fn kv_caches<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<&'s mut B::KvCache>> {
-    states
-        .iter_mut()
-        .map(|st| match &mut **st {
-            LayerState::Attention(cache) => Ok(cache),
-            LayerState::DeltaNet { .. } => Err(Error::input("sequence state belongs to another model")),
-        })
-        .collect()
 }

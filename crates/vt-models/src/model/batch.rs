@@ -1,12 +1,16 @@
 //! The batch runner: one step over many sequences. Their tokens are laid out as rows of one
 //! batch, single-token sequences first (`decode_first`), so every projection, norm and expert
 //! reads its weights once per step, while attention and the delta rule run each sequence over
-//! its own state.
+//! its own state in the sequences' pool.
+
+use std::sync::Arc;
 
 use vt_core::backend::stack_rows;
-use vt_core::{Backend, Error, Result, Tensor};
+use vt_core::{Backend, Error, GdnState, Result, Tensor};
 
-use super::state::{LayerState, SeqState};
+use super::layer::Mixer;
+use super::pool::{lock, GdnSlot, LayerSlot, PoolInner};
+use super::state::SeqState;
 use super::Model;
 
 /// Which positions `forward` returns logits for.
@@ -37,12 +41,14 @@ pub(super) struct Span {
 }
 
 impl<B: Backend> Model<B> {
-    /// `Model::forward` and `Model::forward_batch`: checks the inputs, then replays the sequence's
-    /// recorded step where one sequence runs one token, else runs the step op by op.
+    /// `Model::forward` and `Model::forward_batch`: checks the inputs, takes the blocks the step
+    /// writes (all or none: an error when the pool is short), then replays the sequence's
+    /// recorded step where one sequence runs one token, else runs the step op by op; afterwards
+    /// sliding groups give back the blocks that left their windows.
     pub(super) fn run(&self, seqs: &mut [(&[u32], &mut SeqState<B>)], which: Logits) -> Result<Tensor<B>> {
-        if seqs.is_empty() {
+        let Some(shared) = seqs.first().map(|(_, s)| s.pool.clone()) else {
             return Err(Error::input("forward needs at least one sequence"));
-        }
+        };
         for (ids, state) in seqs.iter() {
             if ids.is_empty() {
                 return Err(Error::input("forward needs at least one token"));
@@ -53,23 +59,57 @@ impl<B: Backend> Model<B> {
                     self.spec.vocab
                 )));
             }
-            if state.layers.len() != self.layers.len() {
-                return Err(Error::input("sequence state belongs to another model"));
+            if !Arc::ptr_eq(&state.pool, &shared) {
+                return Err(Error::input("the sequences of one step must share a pool"));
             }
         }
+        let mut p = lock(&shared);
+        if p.layout != self.state_layout {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
+        let mut need = vec![0; p.groups.len()];
+        for (ids, state) in seqs.iter() {
+            for (n, more) in need.iter_mut().zip(state.blocks_to_run(ids.len())) {
+                *n += more;
+            }
+        }
+        if let Some((g, n)) = need.iter().enumerate().find(|&(g, &n)| n > p.groups[g].free()) {
+            return Err(Error::input(format!(
+                "the KV pool is out of blocks: this step needs {n} more of group {g}, {} are free of {}",
+                p.groups[g].free(),
+                p.groups[g].total()
+            )));
+        }
+        for (ids, state) in seqs.iter_mut() {
+            let end = state.pos + ids.len();
+            state.grow(&mut p, end, false)?;
+        }
+        let mut logits = None;
         if let [(&[id], ref mut state)] = seqs {
             if self.record_decode {
-                if let Some(logits) = self.recorded_step(id, state)? {
-                    return Ok(logits);
-                }
+                logits = self.recorded_step(id, state, &mut p)?;
             }
         }
-        self.run_on(&self.backend, seqs, which)
+        let logits = match logits {
+            Some(l) => Ok(l),
+            None => self.run_on(&self.backend, seqs, which, &mut p),
+        };
+        for (_, state) in seqs.iter_mut() {
+            state.release_outside_windows(&mut p)?;
+        }
+        logits
     }
 
-    /// The forward pass of `seqs` on `b` (the model's backend, or a recorder of it); logits come
-    /// back in the caller's order.
-    pub(super) fn run_on(&self, b: &B, seqs: &mut [(&[u32], &mut SeqState<B>)], which: Logits) -> Result<Tensor<B>> {
+    /// The forward pass of `seqs` on `b` (the model's backend, or a recorder of it) over their
+    /// pool `p`, whose blocks cover every position the step writes; logits come back in the
+    /// caller's order.
+    pub(super) fn run_on(
+        &self,
+        b: &B,
+        seqs: &mut [(&[u32], &mut SeqState<B>)],
+        which: Logits,
+        p: &mut PoolInner<B>,
+    ) -> Result<Tensor<B>> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
@@ -90,14 +130,27 @@ impl<B: Backend> Model<B> {
             Some(l) => b.rms_norm(&x, &l.input_norm, eps, kind)?,
             None => b.rms_norm(&x, &self.norm, eps, kind)?,
         };
+        let other_model = || Error::input("sequence state belongs to another model");
         for (li, layer) in self.layers.iter().enumerate() {
-            let mut by_seq: Vec<Option<&mut LayerState<B>>> =
-                seqs.iter_mut().map(|(_, s)| s.layers.get_mut(li)).collect();
-            let mut states = order
-                .iter()
-                .map(|&i| by_seq[i].take().ok_or_else(|| Error::input("sequence state belongs to another model")))
-                .collect::<Result<Vec<_>>>()?;
-            let mixed = layer.mixer.forward(b, &h, &spans, &mut states, eps)?;
+            let mixed = match (&layer.mixer, self.state_layout.layers[li]) {
+                (Mixer::Attention(a), LayerSlot::Kv { group, pool_layer }) => {
+                    let tables: Vec<&[u32]> = order.iter().map(|&i| seqs[i].1.tables[group].as_slice()).collect();
+                    a.forward(b, &h, &spans, &mut p.kv, pool_layer, &tables, eps)?
+                }
+                (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) => {
+                    let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
+                    let mut states = order
+                        .iter()
+                        .map(|&i| {
+                            let slot =
+                                seqs[i].1.slot.and_then(|s| by_slot.get_mut(s)?.take()).ok_or_else(other_model)?;
+                            Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    d.forward(b, &h, &spans, &mut states, eps)?
+                }
+                _ => return Err(other_model()),
+            };
             let (x1, h1) = b.add_rms_norm(&x, &mixed, &layer.post_norm, eps, kind)?;
             let f = layer.ffn.forward(b, &h1)?;
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);

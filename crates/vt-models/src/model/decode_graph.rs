@@ -1,15 +1,16 @@
 //! Recorded decode steps: where the backend records (CUDA graphs), a sequence's single-token step
-//! is recorded once and replayed while its KV caches hold still, so a decode step costs one
+//! is recorded once and replayed while its block tables hold still, so a decode step costs one
 //! launch instead of one per op. Replays compute exactly what the unrecorded step computes: the
 //! same kernels over the same memory, with the token id and position read from device memory.
 
-use vt_core::{Backend, Result, Tensor};
+use vt_core::{Backend, KvSeq, Result, Tensor};
 
-use super::state::{LayerState, Recorded, SeqState};
+use super::pool::{LayerSlot, PoolInner};
+use super::state::{Recorded, SeqState};
 use super::{Logits, Model};
 
-/// Positions reserved in every KV cache before recording: a recording replays until a cache is
-/// full, so a sequence records again at most every this many steps (later, as caches double).
+/// Positions of blocks taken ahead before recording: a recording replays while the tables it
+/// was recorded over hold, so a sequence records again about every this many steps.
 pub(super) const RESERVE_AHEAD: usize = 256;
 
 /// A sequence's recorded step, the model it runs (its weights are in the recording), and where its
@@ -28,14 +29,20 @@ impl<B: Backend> Model<B> {
     }
 
     /// The step of `id` as the sequence's recorded step: replayed, recorded first if it has none.
-    /// `None`: nothing ran and `state` is as it was; run the step unrecorded.
-    pub(super) fn recorded_step(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<Tensor<B>>> {
+    /// `None`: nothing ran and `state` is as it was; run the step unrecorded. `p` is the
+    /// sequence's pool, whose blocks cover the step's position.
+    pub(super) fn recorded_step(
+        &self,
+        id: u32,
+        state: &mut SeqState<B>,
+        p: &mut PoolInner<B>,
+    ) -> Result<Option<Tensor<B>>> {
         // Another model's recording runs that model's weights: this one records its own.
         if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
             state.recorded = Recorded::None;
         }
         if matches!(state.recorded, Recorded::None) {
-            match self.record(id, state) {
+            match self.record(id, state, p) {
                 Ok(Some(step)) => {
                     state.recorded = Recorded::Step(step);
                     state.recordings += 1;
@@ -47,18 +54,12 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
-        let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
         let b = &self.backend;
-        let mut caches: Vec<&mut B::KvCache> = state
-            .layers
-            .iter_mut()
-            .filter_map(|l| match l {
-                LayerState::Attention(c) => Some(c),
-                LayerState::DeltaNet { .. } => None,
-            })
-            .collect();
-        if !b.replay(&mut step.graph, &[id], state.pos, &mut caches)? {
-            // A cache must move: this step runs unrecorded (and moves it), the next records again.
+        let seqs = self.kv_seqs(&state.tables, state.pos);
+        let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
+        if !b.replay(&mut step.graph, &[id], state.pos, &mut p.kv, &seqs)? {
+            // The tables moved on from the recording: this step runs unrecorded, the next records
+            // again.
             state.recorded = Recorded::None;
             return Ok(None);
         }
@@ -67,20 +68,29 @@ impl<B: Backend> Model<B> {
         b.slice_rows(&step.logits, 0, 1).map(Some)
     }
 
+    /// A sequence's attention layers in its pool, in the order a step runs them, at `pos`.
+    fn kv_seqs<'t>(&self, tables: &'t [Vec<u32>], pos: usize) -> Vec<KvSeq<'t>> {
+        (self.state_layout.layers.iter())
+            .filter_map(|l| match *l {
+                LayerSlot::Kv { group, pool_layer } => {
+                    Some(KvSeq { layer: pool_layer, table: tables[group].as_slice(), start: pos })
+                }
+                LayerSlot::Gdn(_) => None,
+            })
+            .collect()
+    }
+
     /// Records the step of `id` at the sequence's position; `None` where the backend does not
-    /// record. The recording has not run: `state` is left as it was (caches reserved ahead).
-    fn record(&self, id: u32, state: &mut SeqState<B>) -> Result<Option<RecordedStep<B>>> {
+    /// record. The recording has not run: `state` is left as it was, except that its tables take
+    /// blocks ahead (as many as are free, up to `RESERVE_AHEAD` positions) for its replays.
+    fn record(&self, id: u32, state: &mut SeqState<B>, p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
         let b = &self.backend;
         // The weights' derived state is built outside the recording (a recorder cannot build it).
         self.prepare()?;
         let Some(recorder) = b.recorder(1, state.pos)? else { return Ok(None) };
-        for layer in &mut state.layers {
-            if let LayerState::Attention(cache) = layer {
-                b.kv_reserve(cache, state.pos + RESERVE_AHEAD)?;
-            }
-        }
+        state.grow(p, state.pos + RESERVE_AHEAD, true)?;
         let pos = state.pos;
-        let logits = self.run_on(&recorder, &mut [(&[id], &mut *state)], Logits::Last);
+        let logits = self.run_on(&recorder, &mut [(&[id], &mut *state)], Logits::Last, p);
         state.pos = pos;
         let logits = logits?;
         let graph = b.finish_recording(recorder)?;

@@ -6,7 +6,6 @@ use vt_core::{Backend, Error, GdnInputs, GdnMode, GdnState, GdnStep, Linear, Res
 
 use super::batch::{take_rows, Span};
 use super::layer::{linear_bytes, tensor_bytes};
-use super::state::LayerState;
 use crate::loader::Loader;
 use crate::spec::GdnSpec;
 
@@ -80,7 +79,7 @@ impl<B: Backend> DeltaNet<B> {
         b: &B,
         x: &Tensor<B>,
         spans: &[Span],
-        states: &mut [&mut LayerState<B>],
+        states: &mut [GdnState<'_, B>],
         eps: f32,
     ) -> Result<Tensor<B>> {
         let s = &self.spec;
@@ -95,14 +94,14 @@ impl<B: Backend> DeltaNet<B> {
         // otherwise.)
         let decodes = spans.iter().take_while(|sp| sp.len == 1).count();
         let o = if decodes == spans.len() {
-            b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), &mut gdn_states(states)?)?
+            b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), states)?
         } else {
             let (decoding, prompts) = states.split_at_mut(decodes);
             let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
             if decodes > 0 {
                 let lead = |x: &Tensor<B>| b.slice_rows(x, 0, decodes);
                 let (qkv, a, beta) = (lead(&qkv_in)?, lead(&a)?, lead(&beta_in)?);
-                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), &mut gdn_states(decoding)?)?;
+                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), decoding)?;
                 parts.push(o.reshape(&[decodes, s.value_heads * s.value_dim])?);
             }
             parts.extend(self.chunks(b, [qkv_in, a, beta_in], &spans[decodes..], prompts)?);
@@ -121,16 +120,13 @@ impl<B: Backend> DeltaNet<B> {
         b: &B,
         [qkv_in, a, beta_in]: [Tensor<B>; 3],
         spans: &[Span],
-        states: &mut [&mut LayerState<B>],
+        states: &mut [GdnState<'_, B>],
     ) -> Result<Vec<Tensor<B>>> {
         let s = &self.spec;
         let key_total = s.key_heads * s.key_dim;
         let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
         let mut parts = Vec::with_capacity(spans.len());
-        for (sp, state) in spans.iter().zip(states.iter_mut()) {
-            let LayerState::DeltaNet { conv, recurrent } = &mut **state else {
-                return Err(Error::input("sequence state belongs to another model"));
-            };
+        for (sp, GdnState { conv, recurrent }) in spans.iter().zip(states.iter_mut()) {
             let n = sp.len;
             let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
             let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &self.conv, conv)?;
@@ -149,15 +145,4 @@ impl<B: Backend> DeltaNet<B> {
         }
         Ok(parts)
     }
-}
-
-/// The Gated DeltaNet states of one layer's `states`, a sequence each.
-fn gdn_states<'s, B: Backend>(states: &'s mut [&mut LayerState<B>]) -> Result<Vec<GdnState<'s, B>>> {
-    states
-        .iter_mut()
-        .map(|st| match &mut **st {
-            LayerState::DeltaNet { conv, recurrent } => Ok(GdnState { conv, recurrent }),
-            LayerState::Attention(_) => Err(Error::input("sequence state belongs to another model")),
-        })
-        .collect()
 }

@@ -4,11 +4,9 @@
 use vt_core::{Backend, Linear, Result, Tensor};
 
 use super::attention::Attention;
-use super::batch::Span;
 use super::delta_net::DeltaNet;
 use super::mlp::Mlp;
 use super::moe::MoeBlock;
-use super::state::LayerState;
 use crate::loader::Loader;
 use crate::spec::{FfnSpec, LayerSpec, MixerSpec};
 
@@ -61,22 +59,6 @@ impl<B: Backend> Layer<B> {
             Ffn::Moe(m) => m.weight_bytes(),
         };
         tensor_bytes(&self.input_norm) + tensor_bytes(&self.post_norm) + mixer + ffn
-    }
-}
-
-impl<B: Backend> Mixer<B> {
-    pub(super) fn forward(
-        &self,
-        b: &B,
-        x: &Tensor<B>,
-        spans: &[Span],
-        states: &mut [&mut LayerState<B>],
-        eps: f32,
-    ) -> Result<Tensor<B>> {
-        match self {
-            Mixer::Attention(a) => a.forward(b, x, spans, states, eps),
-            Mixer::DeltaNet(d) => d.forward(b, x, spans, states, eps),
-        }
     }
 }
 

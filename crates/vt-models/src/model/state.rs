@@ -1,30 +1,30 @@
-//! A sequence's state: per layer its KV cache or its convolution and recurrent states, its
-//! length, and its recorded decode step.
+//! A sequence's state: its block tables in its pool (pool.rs), its delta-net slot, its length and
+//! its recorded decode step. The state owns its blocks and slot: resetting or dropping it gives
+//! them back to the pool.
 
-use vt_core::{Backend, Error, KvGrowth, Result, Tensor};
+use vt_core::{Backend, Error, Result, RELEASED};
 
-use super::decode_graph::{RecordedStep, RESERVE_AHEAD};
-use super::layer::Mixer;
+use super::decode_graph::RecordedStep;
+use super::pool::{lock, PoolInner, Shared};
 use super::Model;
 
-/// Per-layer sequence state.
-pub(super) enum LayerState<B: Backend> {
-    Attention(B::KvCache),
-    DeltaNet { conv: Tensor<B>, recurrent: Tensor<B> },
-}
-
-/// One sequence's state: KV caches, convolution and recurrent states, its length, and its
-/// recorded decode step.
+/// One sequence's state.
 pub struct SeqState<B: Backend> {
     pub(super) pos: usize,
-    pub(super) layers: Vec<LayerState<B>>,
+    pub(super) pool: Shared<B>,
+    /// One block table per group of the pool (`RELEASED` where a sliding group gave a block back).
+    pub(super) tables: Vec<Vec<u32>>,
+    /// The delta-net slot, where the model has delta-net layers.
+    pub(super) slot: Option<usize>,
+    /// Positions per block.
+    block: usize,
     pub(super) recorded: Recorded<B>,
     pub(super) recordings: usize,
 }
 
 /// A sequence's recorded decode step (decode_graph.rs).
 pub(super) enum Recorded<B: Backend> {
-    /// Not recorded yet (or its recording no longer fits the caches).
+    /// Not recorded yet (or its recording no longer fits the tables).
     None,
     Step(RecordedStep<B>),
     /// Recording failed; this sequence decodes unrecorded.
@@ -32,6 +32,29 @@ pub(super) enum Recorded<B: Backend> {
 }
 
 impl<B: Backend> SeqState<B> {
+    /// An empty sequence in `pool`, with a zeroed delta-net slot where the model has such layers.
+    pub(super) fn in_pool(pool: &Shared<B>) -> Result<Self> {
+        let mut p = lock(pool);
+        let slot = if p.layout.gdn.is_empty() {
+            None
+        } else {
+            let s = p.take_slot().ok_or_else(|| {
+                Error::input(format!(
+                    "every one of the pool's {} linear-attention state slots is taken",
+                    p.stats().slots_total
+                ))
+            })?;
+            if let Err(e) = zero_slot(&mut p, s) {
+                p.give_slot(s);
+                return Err(e);
+            }
+            Some(s)
+        };
+        let (tables, block) = (vec![Vec::new(); p.groups.len()], p.layout.block);
+        drop(p);
+        Ok(SeqState { pos: 0, pool: pool.clone(), tables, slot, block, recorded: Recorded::None, recordings: 0 })
+    }
+
     /// Tokens processed so far.
     pub fn len(&self) -> usize {
         self.pos
@@ -41,7 +64,7 @@ impl<B: Backend> SeqState<B> {
         self.pos == 0
     }
 
-    /// Decode steps recorded for this sequence so far (each replayed until its caches move).
+    /// Decode steps recorded for this sequence so far (each replayed until its tables change).
     pub fn recordings(&self) -> usize {
         self.recordings
     }
@@ -53,98 +76,127 @@ impl<B: Backend> SeqState<B> {
             _ => None,
         }
     }
-}
 
-/// What one sequence's state costs in bytes on a model's backend, before it exists: a fixed part
-/// and the KV caches, which grow with its positions as the backend grows them (`at`). The engine
-/// reserves memory by it. A recorded decode step's own scratch (one step's activations) is not
-/// counted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StateBytes {
-    /// Held whatever the length: every Gated DeltaNet layer's convolution and recurrent states.
-    pub fixed: usize,
-    /// Per attention layer: bytes of keys and values per position held, and its sliding window.
-    pub kv_layers: Vec<(usize, Option<usize>)>,
-    /// How the backend's KV caches grow.
-    pub growth: KvGrowth,
-    /// Positions a recorded decode step reserves ahead in each cache (0 where steps are not
-    /// recorded).
-    pub reserve_ahead: usize,
-}
-
-impl StateBytes {
-    /// The most bytes a sequence's state holds once it has seen `tokens` positions.
-    pub fn at(&self, tokens: usize) -> usize {
-        let kv = self.kv_layers.iter().map(|&(per_position, window)| {
-            per_position * self.growth.positions_held(window, tokens, self.reserve_ahead)
-        });
-        self.fixed + kv.sum::<usize>()
+    /// Blocks of each group this sequence takes to run `tokens` more positions.
+    pub fn blocks_to_run(&self, tokens: usize) -> Vec<usize> {
+        let end = (self.pos + tokens).div_ceil(self.block);
+        self.tables.iter().map(|t| end.saturating_sub(t.len())).collect()
     }
+
+    /// Blocks of each group this sequence holds.
+    pub fn blocks_held(&self) -> Vec<usize> {
+        self.tables.iter().map(|t| t.iter().filter(|&&b| b != RELEASED).count()).collect()
+    }
+
+    /// Whether `self` and `other` live in the same pool.
+    pub fn same_pool(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.pool, &other.pool)
+    }
+
+    /// Takes blocks so every table covers `positions` positions; with `partial`, as many as are
+    /// free (a reservation ahead), else all or an error (and nothing taken).
+    pub(super) fn grow(&mut self, p: &mut PoolInner<B>, positions: usize, partial: bool) -> Result<()> {
+        let end = positions.div_ceil(self.block);
+        if !partial {
+            for (g, (table, alloc)) in self.tables.iter().zip(&p.groups).enumerate() {
+                let need = end.saturating_sub(table.len());
+                if need > alloc.free() {
+                    return Err(Error::input(format!(
+                        "the KV pool is out of blocks: a sequence at {} positions needs {need} more of group {g}, {} \
+                         are free of {}",
+                        self.pos,
+                        alloc.free(),
+                        alloc.total()
+                    )));
+                }
+            }
+        }
+        for (table, alloc) in self.tables.iter_mut().zip(&mut p.groups) {
+            while table.len() < end {
+                match alloc.alloc() {
+                    Some(b) => table.push(b),
+                    None => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back each sliding group's blocks that no query from `self.pos` on can see.
+    pub(super) fn release_outside_windows(&mut self, p: &mut PoolInner<B>) -> Result<()> {
+        for ((table, alloc), window) in self.tables.iter_mut().zip(&mut p.groups).zip(&p.layout.windows) {
+            let Some(w) = window else { continue };
+            let first_needed = (self.pos + 1).saturating_sub(*w) / self.block;
+            for id in table.iter_mut().take(first_needed) {
+                if *id != RELEASED {
+                    alloc.release(*id)?;
+                    *id = RELEASED;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back every block (the tables empty).
+    fn release_blocks(&mut self, p: &mut PoolInner<B>) -> Result<()> {
+        for (table, alloc) in self.tables.iter_mut().zip(&mut p.groups) {
+            for id in table.drain(..).filter(|&id| id != RELEASED) {
+                alloc.release(id)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Drop for SeqState<B> {
+    fn drop(&mut self) {
+        let shared = self.pool.clone();
+        let mut p = lock(&shared);
+        // A block this state holds is one it took: releasing it cannot fail.
+        let _ = self.release_blocks(&mut p);
+        if let Some(s) = self.slot.take() {
+            p.give_slot(s);
+        }
+    }
+}
+
+/// Zeroes slot `s`'s states in every delta-net layer.
+fn zero_slot<B: Backend>(p: &mut PoolInner<B>, s: usize) -> Result<()> {
+    let b = p.backend.clone();
+    for layer in &mut p.slots {
+        let slot = &mut layer[s];
+        b.zero(&mut slot.conv)?;
+        b.zero(&mut slot.recurrent)?;
+    }
+    Ok(())
 }
 
 impl<B: Backend> Model<B> {
-    /// What a sequence's state (`new_state`) costs on this model's backend.
-    pub fn state_bytes(&self) -> StateBytes {
-        let b = &self.backend;
-        let act = b.activation_dtype().bytes_for(1).unwrap_or(4);
-        let (mut fixed, mut kv_layers) = (0, Vec::new());
-        for layer in &self.layers {
-            match &layer.mixer {
-                Mixer::Attention(a) => kv_layers.push((2 * a.spec.kv_heads * a.spec.head_dim * act, a.spec.window)),
-                Mixer::DeltaNet(d) => {
-                    let s = &d.spec;
-                    fixed += s.conv_channels() * (s.conv_kernel - 1) * act + s.value_heads * s.key_dim * s.value_dim * 4
-                }
-            }
-        }
-        let reserve_ahead = if self.record_decode { RESERVE_AHEAD } else { 0 };
-        StateBytes { fixed, kv_layers, growth: b.kv_growth(), reserve_ahead }
+    /// A fresh, empty sequence in a pool of its own that holds it up to `tokens` positions (run
+    /// in steps of any size): for running one sequence alone. An engine makes one pool for all its
+    /// sequences (`new_pool`).
+    pub fn new_state(&self, tokens: usize) -> Result<SeqState<B>> {
+        let l = &self.state_layout;
+        let blocks: Vec<usize> = (0..l.windows.len()).map(|g| l.peak_blocks(g, tokens, tokens).max(1)).collect();
+        let slots = usize::from(!l.gdn.is_empty());
+        self.pool_of(&blocks, slots)?.new_state()
     }
 
-    /// A fresh, empty sequence.
-    pub fn new_state(&self) -> Result<SeqState<B>> {
-        let b = &self.backend;
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| match &l.mixer {
-                Mixer::Attention(a) => {
-                    Ok(LayerState::Attention(b.new_kv_cache(a.spec.kv_heads, a.spec.head_dim, a.spec.window)?))
-                }
-                Mixer::DeltaNet(d) => Ok(LayerState::DeltaNet {
-                    conv: b.zeros(&[d.spec.conv_channels(), d.spec.conv_kernel - 1])?,
-                    recurrent: b.zeros_f32(&[d.spec.value_heads, d.spec.key_dim, d.spec.value_dim])?,
-                }),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(SeqState { pos: 0, layers, recorded: Recorded::None, recordings: 0 })
-    }
-
-    /// Empties `state` (a state of this model's `new_state`) for a new sequence: it then computes
-    /// as a new state does, but keeps its storage and its recorded decode step, so the sequence
-    /// that reuses it (the engine keeps finished sequences' states) allocates and records nothing
-    /// while its caches hold still. A recording that had failed is tried again.
+    /// Empties `state` (a state of this model's layout) for a new sequence: it gives back its
+    /// blocks, zeroes its delta-net states and keeps its slot and its recorded decode step, so the
+    /// sequence that reuses it records nothing while its tables allow. A recording that had failed
+    /// is tried again.
     pub fn reset_state(&self, state: &mut SeqState<B>) -> Result<()> {
-        let b = &self.backend;
-        let fits = state.layers.len() == self.layers.len()
-            && state.layers.iter().zip(&self.layers).all(|(s, l)| {
-                matches!(
-                    (s, &l.mixer),
-                    (LayerState::Attention(_), Mixer::Attention(_)) | (LayerState::DeltaNet { .. }, Mixer::DeltaNet(_))
-                )
-            });
-        if !fits {
+        let shared = state.pool.clone();
+        let mut p = lock(&shared);
+        if p.layout != self.state_layout {
             return Err(Error::input("reset_state: the state was made by a model of other layers"));
         }
-        for layer in &mut state.layers {
-            match layer {
-                LayerState::Attention(cache) => b.kv_clear(cache)?,
-                LayerState::DeltaNet { conv, recurrent } => {
-                    b.zero(conv)?;
-                    b.zero(recurrent)?;
-                }
-            }
+        state.release_blocks(&mut p)?;
+        if let Some(s) = state.slot {
+            zero_slot(&mut p, s)?;
         }
+        drop(p);
         state.pos = 0;
         if matches!(state.recorded, Recorded::Failed(_)) {
             state.recorded = Recorded::None;

@@ -20,7 +20,7 @@ pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
 }
 
 /// Device addresses of one decode call: out and q `[1, q_heads, d]`, k and v `[1, kv_heads, d]`,
-/// the cache's keys and values (rows of `kv_heads * d`, as kv.rs keeps them).
+/// the sequence's keys and values (rows of `kv_heads * d`, kv.rs's `Rows`).
 pub(crate) struct Operands {
     pub out: u64,
     pub q: u64,
@@ -93,7 +93,7 @@ pub(crate) fn launch(
     // multiple of 64) positions covering the `visible` ones, and every query head (q_heads %
     // kv_heads == 0, the attention op checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
     // d], k/v [1, kv_heads, d]; the cache holds every earlier visible position and has a row
-    // reserved for `start`, which the kernel writes (the attention op reserved it); part holds
+    // for `start`, which the kernel writes (Rows::of: the table covers it); part holds
     // q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position. The kernel starts
     // with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
@@ -141,7 +141,7 @@ pub(crate) fn launch_seqs(
     // SplitKernel::of), each cache's row for its start written by the kernel, the splits covering
     // every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d]; cache i
     // (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and room for
-    // start i (the attention op reserved it); part holds seqs * q_heads * splits * (d + 2) floats;
+    // start i (Rows::of: the table covers it); part holds seqs * q_heads * splits * (d + 2) floats;
     // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (the op and fits checked). The kernel starts
     // with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
