@@ -251,3 +251,40 @@ fn a_pool_too_small_for_one_sequence_is_refused() {
     .to_string();
     assert!(err.contains("1024 bytes"), "{err}");
 }
+
+/// Engines built, run (their pools running out, sequences preempted) and dropped in turn compute
+/// the same tokens each time and give all their memory back: the pool goes with its engine.
+#[test]
+fn engine_cycles_give_their_pool_back() {
+    let b = CpuBackend::new();
+    let dir = fixture("qwen35moe_text");
+    let base = vt_core::Device::memory(&b);
+    let mut first: Option<Vec<Vec<u32>>> = None;
+    for cycle in 0..4 {
+        let model = Model::load(&b, &dir).unwrap();
+        let block = vt_core::KvOps::kv_block_size(model.backend());
+        let budget = model.pool_config(2, block, 512).bytes;
+        let config =
+            EngineConfig { max_seqs: 2, max_context: 4 * block, memory_budget: Some(budget), ..Default::default() };
+        let mut engine = Engine::new(model, config).unwrap();
+        let logs: Vec<Log> = (0..3u32)
+            .map(|i| {
+                let (log, sink) = collect();
+                engine.add(request((0..10).map(|j| 1 + (i * 13 + j * 5) % 200).collect(), block), sink).unwrap();
+                log
+            })
+            .collect();
+        run_to_end(&mut engine);
+        assert!(engine.preemptions() > 0, "cycle {cycle}: the pool was meant to run out");
+        let got: Vec<Vec<u32>> = logs.iter().map(tokens).collect();
+        assert!(got.iter().all(|t| t.len() == block));
+        assert_eq!(&got, first.get_or_insert_with(|| got.clone()), "cycle {cycle}: tokens differ");
+        drop(engine);
+        let now = vt_core::Device::memory(&b);
+        assert_eq!(
+            (now.bytes_live, now.blocks_live),
+            (base.bytes_live, base.blocks_live),
+            "cycle {cycle}: memory left"
+        );
+    }
+}
