@@ -1,30 +1,32 @@
-// Causal (optionally sliding-window) GQA attention over a bf16 KV cache.
+// Causal (optionally sliding-window) GQA attention over the paged KV store (kv_blocks.cuh).
 //
-// Cache rows are `kv_heads * d` bf16. A full-attention cache keeps position p in row p; a
-// sliding-window cache is a ring of `window` rows (position p in row p % window). The attention
-// kernel reads positions before `start` from the cache and this call's own keys from `k`/`v`, so
-// a ring never has to hold more than the window; `kv_append` runs after it on the same stream.
+// The attention kernels read positions before `start` from the store through the sequence's block
+// table and this call's own keys from `k`/`v`; kv_append then writes this call's rows, on the same
+// stream.
+#include "kv_blocks.cuh"
 
-// Writes this call's last min(t, window) positions (all t without a window) into the cache;
-// `start_at`, when not null, holds the start position instead of `start`.
-extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int t, int row, int start, const int* start_at, int window) {
+// Writes this call's last min(t, window) positions (all t without a window: earlier ones no later
+// query sees) through `table`; `start_at`, when not null, holds the start position instead of
+// `start`.
+extern "C" __global__ void kv_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int* table, int t, int row, int start,
+                                     const int* start_at, int window) {
     grid_dep_begin();
     if (start_at) start = *start_at;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * row) return;
     int tok = (int)(i / row), c = (int)(i % row);
     if (window > 0 && tok < t - window) return;
-    long long pos = start + tok;
-    long long slot = window > 0 ? pos % window : pos;
-    kc[slot * row + c] = k[i];
-    vc[slot * row + c] = v[i];
+    long long at = kv_row_at(table, start + tok, row) + c;
+    kc[at] = k[i];
+    vc[at] = v[i];
 }
 
 // One warp per (query token, query head), online softmax in f32. Block: 128 threads (4 warps);
 // grid covers t * q_heads warps. window 0 = none. d <= ATT_MAX_D.
 // `start_at`, when not null, holds the start position instead of `start`.
 extern "C" __global__ void attention(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
-                                     int t, int q_heads, int kv_heads, int d, int start, const int* start_at, int window, float scale) {
+                                     const int* table, int t, int q_heads, int kv_heads, int d, int start, const int* start_at, int window,
+                                     float scale) {
     if (start_at) start = *start_at;
     int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (w >= t * q_heads) return;
@@ -45,7 +47,7 @@ extern "C" __global__ void attention(bf16* out, const bf16* q, const bf16* k, co
             long long off = (long long)(p - start) * row + kvh * d;
             kr = k + off; vr = v + off;
         } else {
-            long long off = (long long)(window > 0 ? p % window : p) * row + kvh * d;
+            long long off = kv_row_at(table, p, row) + kvh * d;
             kr = kc + off; vr = vc + off;
         }
         float s = 0.0f;

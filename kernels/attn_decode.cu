@@ -1,17 +1,22 @@
-// Attention decode: one query token of one sequence over its KV cache, split over positions
-// ("flash decoding") so a long cache is read by many blocks at once instead of one warp per head
-// walking it. attn_dec_split writes each split's softmax max, sum and unnormalised output;
-// attn_dec_combine merges the splits. Same cache layout and windowing as attention.cu.
+// Attention decode: one query token of each of n sequences over its KV cache in the paged store
+// (kv_blocks.cuh), split over positions ("flash decoding") so a long cache is read by many blocks
+// at once instead of one warp per head walking it. The split kernels write each split's softmax
+// max, sum and unnormalised output; attn_dec_combine merges the splits. Same windowing as
+// attention.cu.
+//
+// Every split kernel's grid is (splits, head blocks, n): blockIdx.z is the sequence, whose query
+// sits at position pos[z] (device memory: a recorded step's replays write it), with block table
+// tables + z * width, its rows of q, k and v, and its q_heads * splits partials after the previous
+// sequence's, so attn_dec_combine over n * q_heads "heads" merges them.
+#include "kv_blocks.cuh"
 
-// The step's own k and v rows (KV head kvh) into the cache at `start` (row start % window of a
-// ring), so that no kv_append launch follows: written by the one block of the KV head (its `lead`
-// block) whose split [p0, p1) holds `start`. No block of the launch reads that row: the query's own
-// key comes from k and v, and a ring's row start % window holds a position the window no longer
-// sees.
-__device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int kvh, int d, long long row, int start,
-                                               int window, int p0, int p1, bool lead) {
+// The step's own k and v rows (KV head kvh) into the store at `start`, so that no kv_append launch
+// follows: written by the one block of the KV head (its `lead` block) whose split [p0, p1) holds
+// `start`. No block of the launch reads that row: the query's own key comes from k and v.
+__device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int* table, int kvh, int d,
+                                               long long row, int start, int p0, int p1, bool lead) {
     if (!(lead && p0 <= start && p1 == start + 1)) return;
-    long long at = (window > 0 ? start % window : start) * row + kvh * d;
+    long long at = kv_row_at(table, start, row) + kvh * d;
     for (int j = threadIdx.x; j < d / 8; j += blockDim.x) {
         *(uint4*)(kc + at + 8 * j) = *(const uint4*)(k + kvh * d + 8 * j);
         *(uint4*)(vc + at + 8 * j) = *(const uint4*)(v + kvh * d + 8 * j);
@@ -19,20 +24,17 @@ __device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k
 }
 // part[(h * splits + s) * (d + 2) + j]: j < d the split's output (sum of exp(score - m) * v),
 // j = d its max m, j = d + 1 its sum of exp(score - m), split s covering `split` positions (a
-// multiple of 16). Grid (splits, kv_heads * ceil(group / H)), 128 threads (4 warps, each 4
+// multiple of 16). Grid (splits, kv_heads * ceil(group / H), n), 128 threads (4 warps, each 4
 // positions at a time with their K and V rows in flight): block y serves query heads
 // h0 .. h0 + nh - 1 (nh <= H) of KV head y / ceil(group / H), and each K and V row it loads
 // serves all of them, so a GQA group of G heads reads the cache G / H times, not G times.
-// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start` (or `*start_at` when that
-// is not null), its own k/v in k, v. Splits past the visible positions write an empty partial
-// (max -inf, sum 0), which the combine weighs 0: a recorded step sizes its grid for the cache's
-// capacity once.
+// d % 8 == 0, d <= ATT_DEC_MAX_D; the query sits at position `start`, its own k/v in k, v. Splits
+// past the visible positions write an empty partial (max -inf, sum 0), which the combine weighs 0:
+// a batch's grid covers its longest sequence, a recorded step's the longest its replays may see.
 template <int H>
-__device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,
-                                               int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,
-                                               int splits) {
-    grid_dep_begin();
-    if (start_at) start = *start_at;
+__device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc,
+                                               const int* table, int q_heads, int kv_heads, int d, int start, int window, float scale,
+                                               int split, int splits) {
     __shared__ float wm[4][H], wl[4][H], wacc[4][H][ATT_DEC_MAX_D];
     const float NEG_INF = __int_as_float(0xff800000);
     int group = q_heads / kv_heads, per_kv = (group + H - 1) / H;
@@ -40,7 +42,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     int h0 = kvh * group + blockIdx.y % per_kv * H, nh = min(H, (kvh + 1) * group - h0), row = kv_heads * d;
     int lo = window > 0 ? max(0, start + 1 - window) : 0;
     int p0 = lo + s * split, p1 = min(p0 + split, start + 1);
-    append_own_row(kc, vc, k, v, kvh, d, row, start, window, p0, p1, blockIdx.y % per_kv == 0);
+    append_own_row(kc, vc, k, v, table, kvh, d, row, start, p0, p1, blockIdx.y % per_kv == 0);
     bool on = lane * 8 < d;
     float qf[H][8], acc[H][8], m[H], l[H];
 #pragma unroll
@@ -57,7 +59,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
         for (int j = 0; j < 4; j++) {
             int p = pb + j;
             if (p < p1 && on) {
-                long long off = p >= start ? (long long)(p - start) * row : (long long)(window > 0 ? p % window : p) * row;
+                long long off = p >= start ? (long long)(p - start) * row : kv_row_at(table, p, row);
                 const bf16* kb = p >= start ? k : kc;
                 const bf16* vb = p >= start ? v : vc;
                 kr[j] = *(const uint4*)(kb + off + kvh * d + lane * 8);
@@ -132,30 +134,25 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     }
 }
 
+// The arguments every split kernel takes (the tensor-core ones ignore d).
+#define ATT_DEC_ARGS                                                                                                              \
+    float *part, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *kc, bf16 *vc, const int *tables, int width, const int *pos,     \
+        int q_heads, int kv_heads, int d, int window, float scale, int split, int splits
+// Sequence blockIdx.z's part, q, k, v, kc, vc and table, as attn_dec_split and attn_dec_mma take them.
+#define ATT_DEC_SEQ(D)                                                                                                            \
+    part + (long long)blockIdx.z * q_heads * splits * ((D) + 2), q + (long long)blockIdx.z * q_heads * (D),                       \
+        k + (long long)blockIdx.z * kv_heads * (D), v + (long long)blockIdx.z * kv_heads * (D), kc, vc,                           \
+        tables + (long long)blockIdx.z * width
+
 // H = 4 for head dims up to 128; H = 1 at d = 256, where four heads' accumulators cost more than
 // the reads they save (docs/performance.md).
 #define ATT_DEC_SPLIT_KERNEL(NAME, H)                                                                                             \
-    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,     \
-                                    int kv_heads, int d, int start, const int* start_at, int window, float scale, int split,       \
-                                    int splits) {                                                                                  \
-        attn_dec_split<H>(part, q, k, v, kc, vc, q_heads, kv_heads, d, start, start_at, window, scale, split, splits);           \
+    extern "C" __global__ void NAME(ATT_DEC_ARGS) {                                                                               \
+        grid_dep_begin();                                                                                                          \
+        attn_dec_split<H>(ATT_DEC_SEQ(d), q_heads, kv_heads, d, pos[blockIdx.z], window, scale, split, splits);                   \
     }
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h1, 1)
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
-
-// One token of each of up to SEQ_MAX sequences, blockIdx.z the sequence: its rows of q, k and v,
-// its cache (kc.p, vc.p), its position start.v; part holds each sequence's q_heads * splits
-// partials in turn, so attn_dec_combine over seqs * q_heads "heads" merges them.
-#define ATT_DEC_SPLIT_SEQS_KERNEL(NAME, H)                                                                                        \
-    extern "C" __global__ void NAME(float* part, const bf16* q, const bf16* k, const bf16* v, SeqPtrs kc, SeqPtrs vc, SeqInts start, \
-                                    int q_heads, int kv_heads, int d, int window, float scale, int split, int splits) {            \
-        int seq = blockIdx.z;                                                                                                      \
-        attn_dec_split<H>(part + (long long)seq * q_heads * splits * (d + 2), q + (long long)seq * q_heads * d,                    \
-                          k + (long long)seq * kv_heads * d, v + (long long)seq * kv_heads * d, (bf16*)kc.p[seq], (bf16*)vc.p[seq], \
-                          q_heads, kv_heads, d, start.v[seq], nullptr, window, scale, split, splits);                             \
-    }
-ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h1, 1)
-ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h4, 4)
 
 // The same partials on bf16 tensor cores, for head dims D = 64, 128, 256 (flash decoding): a block
 // of ATT_MMA_WARPS warps serves up to 16 query heads of one KV head, the rows of the MMAs (rows
@@ -166,21 +163,19 @@ ATT_DEC_SPLIT_SEQS_KERNEL(attn_dec_split_seqs_h4, 4)
 // per position and head with a warp reduction each, which bound it on shuffles, not on the cache's
 // bytes (half the time here, docs/performance.md).
 // The warps' softmax states merge into the split's partial in shared memory (each warp's f32 O in
-// place of its K and V tiles). Grid (splits, kv_heads * ceil(group / 16)), 32 * ATT_MMA_WARPS
+// place of its K and V tiles). Grid (splits, kv_heads * ceil(group / 16), n), 32 * ATT_MMA_WARPS
 // threads, ATT_MMA_SHARED(D) bytes of dynamic shared memory; attn_dec_split's arguments but d.
 #define ATT_MMA_WARPS 4
 #define ATT_MMA_KEYS 16
 #define ATT_MMA_SHARED(D) (16 * (D) * 2 + ATT_MMA_WARPS * 2 * ATT_MMA_KEYS * (D) * 2)
 template <int D>
-__device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads,
-                                             int kv_heads, int start, const int* start_at, int window, float scale, int split, int splits) {
+__device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, const int* table,
+                                             int q_heads, int kv_heads, int start, int window, float scale, int split, int splits) {
     constexpr int CH = D / 8, RPP = 32 / CH;         // 16-byte chunks per row; rows per pass of a warp's copies
     constexpr unsigned TILE = ATT_MMA_KEYS * D * 2;  // bytes of a warp's K (or V) tile
     static_assert(2 * TILE == 16 * D * 4, "a warp's f32 O [16][D] fits in place of its K and V tiles");
     extern __shared__ __align__(16) bf16 ad_sh[];
     __shared__ float wm[ATT_MMA_WARPS][16], wl[ATT_MMA_WARPS][16];
-    grid_dep_begin();
-    if (start_at) start = *start_at;
     const float NEG_INF = __int_as_float(0xff800000), sl2 = scale * 1.4426950408889634f;
     int group = q_heads / kv_heads, per_kv = (group + 15) / 16;
     int s = blockIdx.x, kvh = blockIdx.y / per_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c2 = (lane & 3) * 2;
@@ -194,15 +189,18 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
         cp_async16(sq + fa_swz<D>(r, c), q + (r < nh ? (long long)(h0 + r) * D + c * 8 : 0), r < nh);
     }
     // Rows pt .. pt + 15 of K or V (zero at and past p1) into this warp's tile, as a copy group: the
-    // step's own position from k / v, earlier ones from the cache (row p, or p % window of a ring).
+    // step's own position from k / v, earlier ones from the store. The rows lie in at most two
+    // blocks (a window's splits need not start at a block's start), both holding visible positions.
     auto load = [&](unsigned dst, const bf16* cur, const bf16* cache, int pt) {
         if (pt < p1) {
+            int first = pt / KV_BLOCK, last = min(pt + ATT_MMA_KEYS, p1) - 1;
+            long long ba = (long long)table[first] * KV_BLOCK, bb = (long long)table[last / KV_BLOCK] * KV_BLOCK;
 #pragma unroll
             for (int i = 0; i < ATT_MMA_KEYS / RPP; i++) {
                 int r = lane / CH + i * RPP, c = lane % CH, p = pt + r;
                 bool ok = p < p1;
-                long long at = p >= start ? (long long)(p - start) : (long long)(window > 0 ? p % window : p);
-                cp_async16(dst + fa_swz<D>(r, c), (p >= start ? cur : cache) + (ok ? at * row + kvh * D + c * 8 : 0), ok);
+                long long at = p >= start ? (long long)(p - start) * row : ((p / KV_BLOCK == first ? ba : bb) + p % KV_BLOCK) * row;
+                cp_async16(dst + fa_swz<D>(r, c), (p >= start ? cur : cache) + (ok ? at + kvh * D + c * 8 : 0), ok);
             }
         }
         cp_async_commit();
@@ -210,7 +208,7 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
     int pt = b0 + ATT_MMA_KEYS * warp;
     load(sk, k, kc, pt);
     load(sv, v, vc, pt);
-    append_own_row(kc, vc, k, v, kvh, D, row, start, window, b0, p1, blockIdx.y % per_kv == 0);
+    append_own_row(kc, vc, k, v, table, kvh, D, row, start, b0, p1, blockIdx.y % per_kv == 0);
     cp_async_wait<0>();
     __syncthreads();  // Q and this warp's first tiles are in
 
@@ -336,28 +334,13 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
 }
 
 #define ATT_DEC_MMA_KERNEL(NAME, D)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS)                                                              \
-        NAME(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, int q_heads, int kv_heads, int,         \
-             int start, const int* start_at, int window, float scale, int split, int splits) {                                    \
-        attn_dec_mma<D>(part, q, k, v, kc, vc, q_heads, kv_heads, start, start_at, window, scale, split, splits);                 \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS) NAME(ATT_DEC_ARGS) {                                          \
+        grid_dep_begin();                                                                                                          \
+        attn_dec_mma<D>(ATT_DEC_SEQ(D), q_heads, kv_heads, pos[blockIdx.z], window, scale, split, splits);                        \
     }
 ATT_DEC_MMA_KERNEL(attn_dec_mma_d64, 64)
 ATT_DEC_MMA_KERNEL(attn_dec_mma_d128, 128)
 ATT_DEC_MMA_KERNEL(attn_dec_mma_d256, 256)
-
-// One token of each of up to SEQ_MAX sequences, as attn_dec_split_seqs_*.
-#define ATT_DEC_MMA_SEQS_KERNEL(NAME, D)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS)                                                              \
-        NAME(float* part, const bf16* q, const bf16* k, const bf16* v, SeqPtrs kc, SeqPtrs vc, SeqInts start, int q_heads,         \
-             int kv_heads, int, int window, float scale, int split, int splits) {                                                 \
-        int seq = blockIdx.z;                                                                                                      \
-        attn_dec_mma<D>(part + (long long)seq * q_heads * splits * (D + 2), q + (long long)seq * q_heads * D,                      \
-                        k + (long long)seq * kv_heads * D, v + (long long)seq * kv_heads * D, (bf16*)kc.p[seq], (bf16*)vc.p[seq],  \
-                        q_heads, kv_heads, start.v[seq], nullptr, window, scale, split, splits);                                  \
-    }
-ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d64, 64)
-ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d128, 128)
-ATT_DEC_MMA_SEQS_KERNEL(attn_dec_mma_seqs_d256, 256)
 
 // out[h, :] = the splits of head h merged. Grid: q_heads, d to ATT_DEC_COMBINE_THREADS threads
 // (whole warps): the block finds the splits' max together, then blockDim / d groups of d threads

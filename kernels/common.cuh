@@ -18,9 +18,8 @@ typedef unsigned long long u64;
 #define NORM_KEEP 16
 
 // Per-sequence values of a batched decode kernel (one token of each of up to SEQ_MAX sequences),
-// passed by value: device addresses of each sequence's state, or its position.
+// passed by value: device addresses of each sequence's state.
 struct SeqPtrs { u64 p[SEQ_MAX]; };
-struct SeqInts { int v[SEQ_MAX]; };
 
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
 

@@ -1,21 +1,24 @@
 // Flash-style causal GQA attention for prefill (many queries per call): bf16 tensor cores for
 // Q K^T and P V, online softmax in f32 (exp2 with the scale folded in), never materialising the
 // score matrix. Same contract as `attention` (attention.cu): keys before `start` come from the
-// cache (position p in row p, or row p % window for a sliding ring), this call's from k / v;
-// kv_append runs afterwards. A query at position p sees keys p - window < j <= p (window 0: all).
+// paged store through the sequence's block table, this call's from k / v; kv_append runs
+// afterwards. A query at position p sees keys p - window < j <= p (window 0: all).
+#include "kv_blocks.cuh"
 //
 // Block: WARPS warps of 16 * MI query rows, ROWS = 16 * MI * WARPS rows in all, which are `hpb`
 // heads of one KV group times ROWS / hpb consecutive queries (head-major), so that every K / V tile
 // copied to shared memory serves ROWS rows while the block's queries stay few (a short causal
 // diagonal). A warp of MI row tiles reuses each K / V fragment it loads MI times.
-// Key tiles of 64. Shared memory holds the Q rows, one K and one V tile (bf16, rows XOR-swizzled
+// Key tiles of FA_BN = KV_BLOCK positions: a tile is one block of the store. Shared memory holds the Q rows, one K and one V tile (bf16, rows XOR-swizzled
 // in 16-byte chunks so ldmatrix is conflict-free): the V copy overlaps Q K^T and the next K copy
 // overlaps P V.
 
 // bq_log2: log2 of the block's queries (ROWS / hpb, at least 16 * MI).
 template <int D, int WARPS, int MI>
-__device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, int t,
-                                           int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2) {
+__device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
+                                           const int* table, int t, int q_heads, int kv_heads, int start, int window, float scale_log2,
+                                           int bq_log2) {
+    static_assert(FA_BN == KV_BLOCK, "a key tile is one block of the store");
     constexpr int CH = D / 8, WR = 16 * MI, ROWS = WR * WARPS, THREADS = 32 * WARPS;
     // Copies: thread tid moves chunk tid % CH of rows tid / CH + i * RSTEP; RSTEP is a multiple
     // of 8, so all its rows share one swizzle.
@@ -50,12 +53,17 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
             for (int i = 0; i < FA_BN / RSTEP; i++) cp_async16(dst + i * RSTEP * D * 2, src + i * RSTEP * kv_row, true);
             return;
         }
+        // The tile's block of the store, which holds a position some query of this block sees (the
+        // first tile holds `lo`, later ones start past it); rows before `start` come from it.
+        int moved = p0 < start ? table[p0 / KV_BLOCK] * KV_BLOCK - p0 : 0;  // its first row - p0
 #pragma unroll
         for (int i = 0; i < FA_BN / RSTEP; i++) {
             int p = p0 + cr + i * RSTEP;
             const bf16* src = cur;
-            bool ok = p <= hi;
-            if (ok) src = p >= start ? cur + (p - start) * kv_row : cache + (long long)(window > 0 ? p % window : p) * kv_row;
+            // Rows before lo (the tile's first block may start before it) no query of the block
+            // sees: zeros, not whatever the pool holds there (a P of 0 times a NaN is NaN).
+            bool ok = p <= hi && p >= lo;
+            if (ok) src = p >= start ? cur + (p - start) * kv_row : cache + (p + moved) * kv_row;
             cp_async16(dst + i * RSTEP * D * 2, src + (ok ? kvh * D + cc * 8 : 0), ok);
         }
     };
@@ -220,10 +228,10 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
 // Grid: (ceil(t / bq), q_heads / hpb) with bq = 16 * MI * WARPS / hpb = 1 << bq_log2; 32 * WARPS
 // threads, (16 * MI * WARPS + 2 * 64) * D bf16 of dynamic shared memory.
 #define FA_KERNEL(NAME, D, WARPS, MI)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(bf16* out, const bf16* q, const bf16* k, const bf16* v,        \
-                                                                  const bf16* kc, const bf16* vc, int t, int q_heads, int kv_heads, \
-                                                                  int start, int window, float scale_log2, int bq_log2) {        \
-        flash_attn<D, WARPS, MI>(out, q, k, v, kc, vc, t, q_heads, kv_heads, start, window, scale_log2, bq_log2);             \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                                    \
+        NAME(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, const int* table, int t,        \
+             int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2) {                                     \
+        flash_attn<D, WARPS, MI>(out, q, k, v, kc, vc, table, t, q_heads, kv_heads, start, window, scale_log2, bq_log2);         \
     }
 // d = 128 takes two row tiles per warp (255 registers, no spills: each K / V fragment serves twice
 // the rows, docs/performance.md); d = 256 has no registers for a second.

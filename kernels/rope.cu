@@ -28,11 +28,11 @@ extern "C" __global__ void rope(bf16* out, const bf16* x, int t, int heads, int 
     rope_one(out, x, i, heads, d, start + (int)(i / ((long long)heads * d)), half, inv, scaling);
 }
 
-// One token of each of t <= SEQ_MAX sequences, token r at position pos.v[r].
-extern "C" __global__ void rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, SeqInts pos, int half, RopeFreqs inv,
+// One token of each of t sequences, token r at position pos[r] (device memory).
+extern "C" __global__ void rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, const int* pos, int half, RopeFreqs inv,
                                     float scaling) {
     grid_dep_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * heads * d) return;
-    rope_one(out, x, i, heads, d, pos.v[i / ((long long)heads * d)], half, inv, scaling);
+    rope_one(out, x, i, heads, d, pos[i / ((long long)heads * d)], half, inv, scaling);
 }

@@ -237,31 +237,39 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
     Ok(())
 }
 
-/// One decode step of attention, heads `(hq, hkv, d)`, at position `ctx + 1` of a sequence (8 of
-/// them in turn, each in consecutive blocks of one pool), so it reads `ctx + 2` keys, or the
-/// window's.
+/// One decode step of attention, heads `(hq, hkv, d)`, over a sequence of `ctx` positions in a
+/// pool's blocks (with a window, it reads min(ctx, window) keys).
 fn attention(b: &B, r: &Report, (hq, hkv, d): (usize, usize, usize), ctx: usize, window: Option<usize>) -> Result<()> {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
     let rnd = |shape: &[usize], seed| b.random(DType::BF16, shape, seed, 1.0);
-    let (seqs, per) = (8, (ctx + 2).div_ceil(b.kv_block_size()));
-    let mut kv = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: seqs * per }])?;
-    let tables: Vec<Vec<u32>> = (0..seqs).map(|s| ((s * per) as u32..((s + 1) * per) as u32).collect()).collect();
-    let (q, k, v) = (rnd(&[1, hq, d], 1)?, rnd(&[1, hkv, d], 2)?, rnd(&[1, hkv, d], 3)?);
+    // 8 sequences (rotating over more bytes than L2 holds), each in blocks of its own, room for
+    // the steps timed.
+    let (seqs, steps) = (8, 100);
+    let per_seq = (ctx + steps).div_ceil(b.kv_block_size());
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: seqs * per_seq }])?;
+    let tables: Vec<Vec<u32>> =
+        (0..seqs).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
+    let mut lens = vec![0; seqs];
     for (s, table) in tables.iter().enumerate() {
-        let (pq, pk, pv) = (
-            rnd(&[ctx + 1, hq, d], s as u64)?,
-            rnd(&[ctx + 1, hkv, d], s as u64 + 10)?,
-            rnd(&[ctx + 1, hkv, d], s as u64 + 20)?,
-        );
-        b.attention(&pq, &pk, &pv, &mut kv, KvSeq { layer: 0, table, start: 0 }, &params)?;
+        let seq = KvSeq { layer: 0, table, start: 0 };
+        let (q, k, v) =
+            (rnd(&[ctx, hq, d], s as u64)?, rnd(&[ctx, hkv, d], s as u64 + 10)?, rnd(&[ctx, hkv, d], s as u64 + 20)?);
+        b.attention(&q, &k, &v, &mut pool, seq, &params)?;
+        lens[s] = ctx;
     }
-    let kv = std::cell::RefCell::new(kv);
-    let time = b.time_queued(64, 30.0, |i| {
-        let seq = KvSeq { layer: 0, table: &tables[i % seqs], start: ctx + 1 };
-        b.attention(&q, &k, &v, &mut kv.borrow_mut(), seq, &params).map(|_| ())
-    })?;
+    let (q, k, v) = (rnd(&[1, hq, d], 1)?, rnd(&[1, hkv, d], 2)?, rnd(&[1, hkv, d], 3)?);
+    let mut step = |i: usize| {
+        let s = i % seqs;
+        b.attention(&q, &k, &v, &mut pool, KvSeq { layer: 0, table: &tables[s], start: lens[s] }, &params)?;
+        lens[s] += 1;
+        Ok(())
+    };
+    for i in 0..seqs {
+        step(i)?;
+    }
+    let time = b.time_queued(64, 30.0, &mut step)?;
     // The keys a step reads: every position so far, or the window's.
-    let keys = window.map_or(ctx + 2, |w| w.min(ctx + 2));
+    let keys = window.map_or(ctx + 9, |w| w.min(ctx + 9));
     let bytes = (2 * keys * hkv * d * 2) as f64;
     let peer_keys = window.unwrap_or(ctx);
     let name = match window {

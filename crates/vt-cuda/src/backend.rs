@@ -17,7 +17,7 @@ use crate::alloc::CudaBuffer;
 use crate::capture::Recording;
 use crate::device::CudaBackend;
 use crate::error::{check, driver_err};
-use crate::kv::{CudaKvPool, KV_BLOCK};
+use crate::kv::CudaKvPool;
 use crate::ops::{attention, gdn, moe};
 use crate::record::CudaStepGraph;
 
@@ -183,11 +183,12 @@ impl KvOps for CudaBackend {
     type KvPool = CudaKvPool;
 
     fn kv_block_size(&self) -> usize {
-        KV_BLOCK
+        crate::limits::KV_BLOCK
     }
 
     fn new_kv_pool(&self, layers: &[KvLayout]) -> Result<CudaKvPool> {
-        CudaKvPool::new(self.alloc(), layers)
+        check(self.recording().is_none(), "new_kv_pool", || "a recorder does not make pools".into())?;
+        CudaKvPool::new(self, layers)
     }
 
     fn copy_kv_block(&self, pool: &mut CudaKvPool, layer: usize, src: u32, dst: u32) -> Result<()> {
@@ -254,7 +255,7 @@ impl FusedOps for CudaBackend {
         seqs: &[KvSeq<'_>],
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        if attention::decode_fits(pool, seqs) {
+        if attention::decode_fits(q.shape().last().copied().unwrap_or(0)) {
             return attention::decode_step(self, q, k, v, rope, pool, seqs, params);
         }
         vt_core::backend::composed::attention_decode(self, q, k, v, rope, pool, seqs, params)

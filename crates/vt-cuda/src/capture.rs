@@ -1,20 +1,39 @@
 //! What a recorder is recording (record.rs): its capture stream, the inputs its replays write
-//! (position and token ids) and the KV caches the step appends to.
+//! (position, token ids and block tables) and the pool layers the step attends over.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaStream};
-use vt_core::Result;
+use vt_core::{KvLayout, KvSeq, Result};
 
 use crate::alloc::CudaBuffer;
 use crate::error::{driver_err, err};
+use crate::kv::KvStore;
+use crate::limits::KV_BLOCK;
 
-/// A KV cache as a recorded step uses it: the storage its kernels were given, and how many
-/// positions that storage holds.
+/// Positions past the one recorded that its replays may reach: the block tables the step reads
+/// have room for them, and its attention grids cover them.
+pub(crate) const RECORD_AHEAD: usize = 256;
+
+/// One attention call of a recorded step: the pool layer it reads (its storage, which a replay's
+/// pool must still have) and which of the recording's table buffers holds its block table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RecordedCache {
+pub(crate) struct RecordedAttention {
+    pub layer: usize,
     pub keys: u64,
-    pub capacity: usize,
+    pub layout: KvLayout,
+    pub window: Option<usize>,
+    pub table: usize,
+}
+
+/// A recording's attention calls and the table buffers they read.
+#[derive(Default)]
+pub(crate) struct RecordedTables {
+    /// The calls, in the order the step makes them.
+    pub calls: Vec<RecordedAttention>,
+    /// A buffer of `table_width()` entries per distinct table (layers that share a table share
+    /// its buffer), with the table it was recorded with.
+    pub tables: Vec<(CudaBuffer, Vec<u32>)>,
 }
 
 /// What a recorder is recording.
@@ -27,8 +46,7 @@ pub(crate) struct Recording {
     pub(crate) ids: usize,
     /// Set by the recorded embedding: ids a replay may pass are below it.
     pub(crate) vocab: Mutex<Option<usize>>,
-    /// The attention layers' caches, in the order the step appends to them.
-    pub(crate) caches: Mutex<Vec<RecordedCache>>,
+    pub(crate) attention: Mutex<RecordedTables>,
 }
 
 impl Recording {
@@ -41,7 +59,14 @@ impl Recording {
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(|e| driver_err("beginning a capture", e))?;
-        Ok(Recording { stream, inputs, pos, ids, vocab: Mutex::new(None), caches: Mutex::new(Vec::new()) })
+        Ok(Recording {
+            stream,
+            inputs,
+            pos,
+            ids,
+            vocab: Mutex::new(None),
+            attention: Mutex::new(RecordedTables::default()),
+        })
     }
 
     /// The capture stream.
@@ -66,8 +91,35 @@ impl Recording {
         Ok(self.inputs.ptr() + 4)
     }
 
-    pub(crate) fn add_cache(&self, cache: RecordedCache) {
-        self.caches.lock().unwrap_or_else(|p| p.into_inner()).push(cache);
+    /// Entries of every recorded block table: room for the positions up to `RECORD_AHEAD` past
+    /// the recorded one.
+    pub(crate) fn table_width(&self) -> usize {
+        (self.pos + 1 + RECORD_AHEAD).div_ceil(KV_BLOCK)
+    }
+
+    /// Records an attention call over `seq` in `store` (at the recorded position) and returns the
+    /// device address of the table buffer its kernels read, which replays fill; `alloc` makes a
+    /// buffer of the recording's memory.
+    pub(crate) fn table_at(
+        &self,
+        op: &str,
+        seq: &KvSeq<'_>,
+        store: &KvStore,
+        window: Option<usize>,
+        alloc: impl FnOnce(usize) -> Result<CudaBuffer>,
+    ) -> Result<u64> {
+        self.pos_at(op, seq.start)?;
+        let used = &seq.table[..(seq.start + 1).div_ceil(KV_BLOCK)];
+        let mut rec = self.attention.lock().unwrap_or_else(|p| p.into_inner());
+        let table = match rec.tables.iter().position(|(_, t)| t == used) {
+            Some(i) => i,
+            None => {
+                rec.tables.push((alloc(4 * self.table_width())?, used.to_vec()));
+                rec.tables.len() - 1
+            }
+        };
+        rec.calls.push(RecordedAttention { layer: seq.layer, keys: store.keys(), layout: store.layout, window, table });
+        Ok(rec.tables[table].0.ptr())
     }
 }
 

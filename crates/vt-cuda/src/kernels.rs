@@ -21,6 +21,7 @@ const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const HEADERS: &[(&str, &str)] = &[
     ("route.cuh", include_str!("../../../kernels/route.cuh")),
     ("weight_chunks.cuh", include_str!("../../../kernels/weight_chunks.cuh")),
+    ("kv_blocks.cuh", include_str!("../../../kernels/kv_blocks.cuh")),
 ];
 
 /// What NVRTC compiles for `file`: `common.cuh`, then `src` with each `#include "NAME"` line
@@ -128,7 +129,7 @@ kernels! {
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
-    "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_split_seqs_h1, attn_dec_split_seqs_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_mma_seqs_d64, attn_dec_mma_seqs_d128, attn_dec_mma_seqs_d256, attn_dec_combine],
+    "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_combine],
     "norm.cu" => [rms_norm, add_rms_norm, rms_norm_gated],
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],

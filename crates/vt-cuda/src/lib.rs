@@ -9,7 +9,7 @@
 //!
 //! From the ground up: `error.rs`, `limits.rs` (the numbers shared with the kernels), `alloc.rs`,
 //! `kernels.rs` (NVRTC), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
-//! (launch helpers); `kv.rs` (KV cache), `capture.rs` and `record.rs` (recorded decode steps);
+//! (launch helpers); `kv.rs` (the KV block pool), `capture.rs` and `record.rs` (recorded decode steps);
 //! `ops/` (each op family's launch code); `backend.rs` (the Backend trait's layers, handing each
 //! method to its family).
 
@@ -49,7 +49,7 @@ pub use alloc::{AllocMode, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;
 #[cfg(feature = "cuda")]
-pub use kv::{CudaKvPool, KV_BLOCK};
+pub use kv::CudaKvPool;
 #[cfg(feature = "cuda")]
 pub use ops::moe::CudaExpertTable;
 #[cfg(feature = "cuda")]

@@ -22,8 +22,10 @@ shared! {
     DT_NVFP4: i32 = 3;
     DT_FP8: i32 = 4;
     /// Sequences one launch of a batched decode kernel serves (the length of its by-value
-    /// `SeqPtrs` and `SeqInts`); larger batches take several launches.
+    /// `SeqPtrs`); larger batches take several launches.
     SEQ_MAX: usize = 64;
+    /// Positions per block of the KV pool (kernels/kv_blocks.cuh); the flash kernels' key tile.
+    KV_BLOCK: usize = 64;
     /// Experts and top-k of the routing (kernels/route.cuh: `ROUTE_MAX_EXP / 32` choice values a
     /// lane, a choice per lane).
     ROUTE_MAX_EXP: usize = 512;
@@ -53,8 +55,8 @@ shared! {
     /// Largest head dimension of the decode attention kernels, and threads of their combine.
     ATT_DEC_MAX_D: usize = 256;
     ATT_DEC_COMBINE_THREADS: usize = 1024;
-    /// Keys per shared-memory tile of the flash attention kernels.
-    FA_BN: usize = 64;
+    /// Keys per shared-memory tile of the flash attention kernels: one block of the KV pool.
+    FA_BN: usize = KV_BLOCK;
     /// The chunked gated delta rule: tokens per chunk, key dim, value columns per scan block.
     GC: usize = 64;
     GDK: usize = 128;

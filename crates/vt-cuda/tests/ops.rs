@@ -39,6 +39,15 @@ impl Rng {
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| (self.f32().to_bits() >> 8) as u8).collect()
     }
+    /// `0..n` in a random order.
+    fn shuffled(&mut self, n: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            let j = (((self.f32() + 1.0) / 2.0 * (i + 1) as f32) as usize).min(i);
+            v.swap(i, j);
+        }
+        v
+    }
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
@@ -147,57 +156,100 @@ fn out<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
     b.to_f32(t).unwrap()
 }
 
-/// A one-layer KV pool of `hkv` heads x `d` for sequences of `lens` positions, and their block
-/// tables: consecutive blocks each where `!scatter`, else one block of each sequence in turn (the
-/// CUDA backend gathers such tables; INTERIM until its kernels read tables).
-fn pool_of<B: Backend>(b: &B, hkv: usize, d: usize, lens: &[usize], scatter: bool) -> (B::KvPool, Vec<Vec<u32>>) {
-    let bs = b.kv_block_size();
-    let need: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
-    let mut tables: Vec<Vec<u32>> = need.iter().map(|_| Vec::new()).collect();
-    let mut next = 0u32;
-    if scatter {
-        for round in 0..need.iter().copied().max().unwrap_or(0) {
-            for (t, &n) in tables.iter_mut().zip(&need) {
-                if round < n {
-                    t.push(next);
-                    next += 1;
-                }
-            }
-        }
-    } else {
-        for (t, &n) in tables.iter_mut().zip(&need) {
-            t.extend(next..next + n as u32);
-            next += n as u32;
-        }
-    }
-    let pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: next as usize }]).unwrap();
-    (pool, tables)
+/// Sequences of one pool layer as an engine keeps them: block tables filled as positions arrive
+/// from a shuffled list of the pool's blocks (a sequence's blocks are neither contiguous nor in
+/// order, and blocks given back are taken again by others), and with a window each block wholly
+/// behind every later query's window pointed at a poison block, whose keys and values are 50 times
+/// the others': a kernel that read one would be far off.
+struct Tables {
+    block: usize,
+    window: Option<usize>,
+    free: Vec<u32>,
+    poison: u32,
+    tables: Vec<Vec<u32>>,
+    lens: Vec<usize>,
 }
 
-/// Attention with heads `(hq, hkv, d)` over `steps` tokens per call into one cache, on both
-/// backends (`q`, `k`, `v` hold every call's rows in turn): every call's output.
+impl Tables {
+    /// `seqs` empty sequences in a one-layer pool of `blocks` blocks of `b`, heads `(hkv, d)`, its
+    /// poison block written.
+    fn new<B: Backend>(
+        b: &B,
+        seqs: usize,
+        (hkv, d): (usize, usize),
+        blocks: usize,
+        window: Option<usize>,
+        r: &mut Rng,
+    ) -> (Self, B::KvPool) {
+        let block = b.kv_block_size();
+        let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks }]).unwrap();
+        let mut free = r.shuffled(blocks);
+        let poison = free.pop().unwrap();
+        let (kp, vp) = (r.vec(block * hkv * d, 100.0), r.vec(block * hkv * d, 100.0));
+        let params = AttentionParams { scale: 1.0, window: None };
+        let seq = KvSeq { layer: 0, table: &[poison], start: 0 };
+        let zero = act(b, &[block, hkv, d], &vec![0.0; block * hkv * d]);
+        let (kp, vp) = (act(b, &[block, hkv, d], &kp), act(b, &[block, hkv, d], &vp));
+        b.attention(&zero, &kp, &vp, &mut pool, seq, &params).unwrap();
+        (Tables { block, window, free, poison, tables: vec![Vec::new(); seqs], lens: vec![0; seqs] }, pool)
+    }
+
+    /// Blocks for sequence `i`'s next `t` positions.
+    fn grow(&mut self, i: usize, t: usize) {
+        while self.tables[i].len() * self.block < self.lens[i] + t {
+            let b = self.free.pop().expect("the test's pool holds every sequence");
+            self.tables[i].push(b);
+        }
+    }
+
+    fn seq(&self, i: usize) -> KvSeq<'_> {
+        KvSeq { layer: 0, table: &self.tables[i], start: self.lens[i] }
+    }
+
+    /// Sequence `i` has taken `t` more positions: blocks no later query sees are given back.
+    fn advance(&mut self, i: usize, t: usize) {
+        self.lens[i] += t;
+        let Some(w) = self.window else { return };
+        let seen_from = (self.lens[i] + 1).saturating_sub(w);
+        for e in &mut self.tables[i][..seen_from / self.block] {
+            if *e != self.poison {
+                self.free.push(*e);
+                *e = self.poison;
+            }
+        }
+    }
+}
+
+/// Attention with heads `(hq, hkv, d)` of `seqs` sequences taking `steps` tokens per call in
+/// turn, into one pool layer, on both backends (`q`, `k`, `v` hold every call's rows in the order
+/// of the calls): every call's output.
+#[allow(clippy::too_many_arguments)]
 fn attention_steps(
     gpu: &CudaBackend,
     op: &str,
     bound: f32,
+    seqs: usize,
     steps: &[usize],
     (hq, hkv, d): (usize, usize, usize),
     window: Option<usize>,
     (q, k, v): (&[f32], &[f32], &[f32]),
 ) {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
-    on_both!(gpu, &format!("{op} [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
-        // Another sequence's blocks between this one's: scattered.
-        let total: usize = steps.iter().sum();
-        let (mut pool, tables) = pool_of(b, hkv, d, &[total, total], true);
+    let len: usize = steps.iter().sum();
+    on_both!(gpu, &format!("{op} [{hq}, {hkv}, {d}] window {window:?}, {seqs} sequences"), bound, |b| {
+        let blocks = seqs * (len.div_ceil(b.kv_block_size()) + 1) + 1;
+        let (mut tables, mut pool) = Tables::new(b, seqs, (hkv, d), blocks, window, &mut Rng(7));
         let (mut s, mut all) = (0, Vec::new());
         for &n in steps {
-            let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
-            let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
-            let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-            let seq = KvSeq { layer: 0, table: &tables[0], start: s };
-            all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut pool, seq, &params).unwrap()));
-            s += n;
+            for i in 0..seqs {
+                let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+                let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+                let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+                tables.grow(i, n);
+                all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap()));
+                tables.advance(i, n);
+                s += n;
+            }
         }
         all
     });
@@ -321,10 +373,10 @@ fn attention_full_and_windowed_across_calls() {
     for (hq, hkv, d) in [(6, 2, 32), (4, 2, 40)] {
         // A prefill longer than the window, then two single-token steps and a short chunk.
         let steps = [70usize, 1, 1, 5];
-        let total: usize = steps.iter().sum();
+        let total = 2 * steps.iter().sum::<usize>();
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(16)] {
-            attention_steps(gpu, "attention", U, &steps, (hq, hkv, d), window, (&q, &k, &v));
+            attention_steps(gpu, "attention", U, 2, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
@@ -514,17 +566,17 @@ fn moe_grouped_prefill() {
 fn attention_flash_prefill() {
     let gpu = &cuda();
     let mut r = Rng(0xf1a5);
-    // A prefill of several query tiles (longer than the window), a continuation over the cache,
-    // a decode step (the simple kernel) and a short chunk.
+    // A prefill of several query tiles (longer than the window), a continuation over the pool,
+    // a decode step and a short chunk, of three sequences in turn.
     let steps = [150usize, 70, 1, 3];
-    let total: usize = steps.iter().sum();
+    let total = 3 * steps.iter().sum::<usize>();
     // Blocks take 1, 2, 4 or 8 heads of a KV group (qwen3.5's 16 / 2 at d = 256 takes 8); at
     // d = 128 a warp's two row tiles are 32 queries of one head (4 heads a block) or of 128.
     for (hq, hkv, d) in [(4, 2, 64), (4, 1, 128), (6, 2, 128), (2, 2, 256), (6, 2, 256), (16, 2, 256)] {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         for window in [None, Some(100)] {
             // 2u: the probabilities are rounded to bf16 for the P V product.
-            attention_steps(gpu, "attention flash", 2.0 * U, &steps, (hq, hkv, d), window, (&q, &k, &v));
+            attention_steps(gpu, "attention flash", 2.0 * U, 3, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
 }
@@ -818,9 +870,9 @@ fn gated_delta_step_batched_sequences() {
     });
 }
 
-/// Attention decode of many sequences in one call: caches of different lengths (one position to
-/// several splits, ring windows wrapped or not), q and k rotated at each sequence's own position,
-/// more sequences than a launch serves.
+/// Attention decode of many sequences in one call: sequences of different lengths (one position to
+/// several splits, windows that released blocks or not) in shuffled blocks of one pool, q and k
+/// rotated at each sequence's own position, more sequences than one launch of the old kernels took.
 #[test]
 fn attention_decode_batched_sequences() {
     let gpu = &cuda();
@@ -828,7 +880,7 @@ fn attention_decode_batched_sequences() {
     let (n, steps) = (67, 2);
     let lens: Vec<usize> = (0..n).map(|i| 1 + (i * 37) % 300).collect();
     let total: usize = lens.iter().sum::<usize>() + steps * n;
-    for (hq, hkv, d) in [(16, 2, 256), (12, 2, 128)] {
+    for (hq, hkv, d) in [(16, 2, 256), (12, 2, 128), (8, 2, 96)] {
         let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
         // Partial rotary, as Qwen3.5's.
         let half = d / 8;
@@ -838,11 +890,13 @@ fn attention_decode_batched_sequences() {
         };
         for window in [None, Some(130)] {
             let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
-            // 2u: the tensor-core kernels (d = 128, 256) round the probabilities to bf16 for P V.
+            // 2u for the tensor-core kernels (d = 128, 256): they round the probabilities to bf16
+            // for P V.
+            let bound = if [64, 128, 256].contains(&d) { 2.0 * U } else { U };
             on_both!(
                 gpu,
                 &format!("attention decode {n} sequences [{hq}, {hkv}, {d}] window {window:?}"),
-                2.0 * U,
+                bound,
                 |b| {
                     let rows = |at: usize, t: usize| {
                         (
@@ -851,26 +905,30 @@ fn attention_decode_batched_sequences() {
                             act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
                         )
                     };
-                    // Blocks dealt to the sequences in turn: a sequence of one block is consecutive
-                    // (read in place on CUDA), a longer one scattered (gathered).
-                    let full: Vec<usize> = lens.iter().map(|l| l + steps).collect();
-                    let (mut pool, tables) = pool_of(b, hkv, d, &full, true);
+                    let blocks = total.div_ceil(b.kv_block_size()) + 2 * n + 1;
+                    let (mut tables, mut pool) = Tables::new(b, n, (hkv, d), blocks, window, &mut Rng(9));
                     let mut at = 0;
-                    for (table, &len) in tables.iter().zip(&lens) {
+                    for (i, &len) in lens.iter().enumerate() {
                         let (qt, kt, vt) = rows(at, len);
-                        b.attention(&qt, &kt, &vt, &mut pool, KvSeq { layer: 0, table, start: 0 }, &params).unwrap();
+                        tables.grow(i, len);
+                        b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap();
+                        tables.advance(i, len);
                         at += len;
                     }
                     let mut all = Vec::new();
-                    for s in 0..steps {
+                    for _ in 0..steps {
                         let (qt, kt, vt) = rows(at, n);
-                        let seqs: Vec<KvSeq<'_>> = (tables.iter().zip(&lens))
-                            .map(|(table, l)| KvSeq { layer: 0, table, start: l + s })
-                            .collect();
+                        for i in 0..n {
+                            tables.grow(i, 1);
+                        }
+                        let seqs: Vec<KvSeq<'_>> = (0..n).map(|i| tables.seq(i)).collect();
                         all.extend(out(
                             b,
                             &b.attention_decode(&qt, &kt, &vt, &rope, &mut pool, &seqs, &params).unwrap(),
                         ));
+                        for i in 0..n {
+                            tables.advance(i, 1);
+                        }
                         at += n;
                     }
                     all
@@ -884,9 +942,10 @@ fn attention_decode_batched_sequences() {
 fn attention_decode_long_cache() {
     let gpu = &cuda();
     let mut r = Rng(0xa7de);
-    // A prefill of several splits, then decode steps; windowed: the window spans splits.
+    // A prefill of several splits, then decode steps; windowed: the window spans splits and its
+    // splits start inside blocks.
     let steps = [300usize, 1, 1, 1];
-    let total: usize = steps.iter().sum();
+    let total = 2 * steps.iter().sum::<usize>();
     // Groups of 8, 1 and 6 (a block of the tensor-core kernels each: the MMA's 16 rows), 18 (a
     // block of 16 and one of 2), and a head dim those kernels do not take (the CUDA-core kernel:
     // 2 blocks of 4 heads per KV head).
@@ -897,25 +956,80 @@ fn attention_decode_long_cache() {
             // 2u for the tensor-core kernels: they round the probabilities to bf16 for P V.
             let bound = if [64, 128, 256].contains(&d) { 2.0 * U } else { U };
             on_both!(gpu, &format!("attention decode [{hq}, {hkv}, {d}] window {window:?}"), bound, |b| {
-                // Consecutive blocks (read in place on CUDA).
-                let (mut pool, tables) = pool_of(b, hkv, d, &[total], false);
+                let blocks = total.div_ceil(b.kv_block_size()) + 5;
+                let (mut tables, mut pool) = Tables::new(b, 2, (hkv, d), blocks, window, &mut Rng(11));
                 let (mut s, mut all) = (0, Vec::new());
                 for &n in &steps {
-                    let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
-                    let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
-                    let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
-                    let seq = KvSeq { layer: 0, table: &tables[0], start: s };
-                    let o = out(b, &b.attention(&qt, &kt, &vt, &mut pool, seq, &params).unwrap());
-                    // The decode steps are what this test is about.
-                    if n == 1 {
-                        all.extend(o);
+                    for i in 0..2 {
+                        let qt = act(b, &[n, hq, d], &q[s * hq * d..(s + n) * hq * d]);
+                        let kt = act(b, &[n, hkv, d], &k[s * hkv * d..(s + n) * hkv * d]);
+                        let vt = act(b, &[n, hkv, d], &v[s * hkv * d..(s + n) * hkv * d]);
+                        tables.grow(i, n);
+                        let o = out(b, &b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap());
+                        tables.advance(i, n);
+                        // The decode steps are what this test is about.
+                        if n == 1 {
+                            all.extend(o);
+                        }
+                        s += n;
                     }
-                    s += n;
                 }
                 all
             });
         }
     }
+}
+
+/// A fork as prefix sharing makes one: a second sequence shares the first's full blocks and takes
+/// a copy of its partial last block (`copy_kv_block`), then both go on with tokens of their own;
+/// the copy must hold exactly what the original held.
+#[test]
+fn attention_continues_over_a_copied_block() {
+    let gpu = &cuda();
+    let mut r = Rng(0xc0b1);
+    let (hq, hkv, d) = (8, 2, 128);
+    let (prefix, steps) = (100, [1usize, 1, 20]);
+    let total = prefix + 2 * steps.iter().sum::<usize>();
+    let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+    let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+    on_both!(gpu, &format!("attention over a copied block [{hq}, {hkv}, {d}]"), 2.0 * U, |b| {
+        let bs = b.kv_block_size();
+        let rows = |at: usize, t: usize| {
+            (
+                act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
+                act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
+                act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
+            )
+        };
+        let blocks = 2 * total.div_ceil(bs) + 2;
+        let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks }]).unwrap();
+        // Blocks from the top down: neither sequence's are in order of position.
+        let mut free: Vec<u32> = (0..blocks as u32).collect();
+        let mut a: Vec<u32> = (0..prefix.div_ceil(bs)).map(|_| free.remove(0)).collect();
+        a.reverse();
+        let (qt, kt, vt) = rows(0, prefix);
+        let mut all =
+            out(b, &b.attention(&qt, &kt, &vt, &mut pool, KvSeq { layer: 0, table: &a, start: 0 }, &params).unwrap());
+        // The fork: the full blocks shared, the partial one copied.
+        let mut fork = a.clone();
+        let last = fork.len() - 1;
+        fork[last] = free.pop().unwrap();
+        b.copy_kv_block(&mut pool, 0, a[last], fork[last]).unwrap();
+        let (mut at, mut len) = (prefix, prefix);
+        for &n in &steps {
+            for table in [&mut a, &mut fork] {
+                while table.len() * bs < len + n {
+                    table.push(free.pop().unwrap());
+                }
+                let (qt, kt, vt) = rows(at, n);
+                let seq = KvSeq { layer: 0, table: table.as_slice(), start: len };
+                all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut pool, seq, &params).unwrap()));
+                at += n;
+            }
+            len += n;
+        }
+        all
+    });
 }
 
 #[test]

@@ -1,20 +1,22 @@
 //! Recorded decode steps (CUDA graphs) against the same steps launched op by op, on every fixture:
-//! a replay runs the same kernels over the same memory, reading the token id and the position from
-//! device memory, and attention's extra splits (sized for the cache's capacity) add exact zeros,
-//! so the logits must be bit-identical. Enough steps run that the blocks taken ahead for the first
-//! recording fill and the sequence records again.
+//! a replay runs the same kernels over the same memory, reading the token id, the position and
+//! the block tables from device memory, and attention's extra splits (sized for the positions the
+//! recording's tables have room for) add exact zeros, so the logits must be bit-identical. Enough
+//! steps run that the tables outgrow what the first recording has room for and the sequence
+//! records again.
 #![cfg(feature = "cuda")]
 
 use std::path::Path;
 
 use vt_core::backend::prelude::*;
 use vt_core::checkpoint::Checkpoint;
+use vt_core::{KvLayout, KvSeq};
 use vt_cuda::CudaBackend;
 use vt_models::{DummyWeights, Logits, Model};
 use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 
-/// Decode steps per fixture: more than the 256 positions of blocks a recording takes ahead, so
-/// every sequence records again.
+/// Decode steps per fixture: more than a recording's tables have room for (256 positions past the
+/// recorded one, rounded up to a block of 64).
 const STEPS: usize = 480;
 
 /// A fixture's name, its reference prompt, and its model loaded twice: recording decode steps,
@@ -170,6 +172,8 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     let e = rec.to_f32(&t).unwrap_err().to_string();
     assert!(e.contains("read back"), "{e}");
     assert!(rec.recorder(1, 0).is_err(), "a recorder recording");
+    let layout = KvLayout { kv_heads: 1, head_dim: 8, blocks: 2 };
+    assert!(rec.new_kv_pool(&[layout]).is_err(), "a recorder making a pool");
     drop((t, rec)); // abandoned: its capture ends unused
 
     let rows: Vec<f32> = (0..24).map(|v| v as f32).collect();
@@ -178,13 +182,15 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     let x = rec.embedding(&table, &[2]).unwrap();
     assert!(rec.embedding(&table, &[1, 2]).is_err(), "two ids in a one-id recording");
     let mut g = b.finish_recording(rec).unwrap();
-    let mut pool = b.new_kv_pool(&[]).unwrap();
+    let mut pool = b.new_kv_pool(&[layout]).unwrap();
     let e = b.replay(&mut g, &[3], 5, &mut pool, &[]).unwrap_err().to_string();
     assert!(e.contains("outside the recorded vocabulary"), "{e}");
     assert!(b.replay(&mut g, &[1, 1], 5, &mut pool, &[]).is_err(), "two ids");
+    let seq = KvSeq { layer: 0, table: &[0], start: 5 };
+    assert!(b.replay(&mut g, &[1], 5, &mut pool, &[seq]).is_err(), "a pool layer the step did not record");
     assert!(b.replay(&mut g, &[1], 6, &mut pool, &[]).unwrap(), "a step without attention replays at any position");
     assert_eq!(b.to_f32(&x).unwrap(), rows[8..16], "the replayed id's row");
     let other = CudaBackend::new().unwrap();
-    let mut other_pool = other.new_kv_pool(&[]).unwrap();
+    let mut other_pool = other.new_kv_pool(&[layout]).unwrap();
     assert!(other.replay(&mut g, &[1], 5, &mut other_pool, &[]).is_err(), "another backend's recording");
 }

@@ -6,7 +6,7 @@ use vt_core::{DType, Result, Rope};
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::check;
 use crate::launch::{act, grid1, i32_of, Overlapped};
-use crate::limits::{ROPE_MAX_FREQS, SEQ_MAX};
+use crate::limits::ROPE_MAX_FREQS;
 
 /// `rope`'s inverse frequencies as the rope kernels take them (`RopeFreqs`), and how many.
 pub(crate) fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROPE_MAX_FREQS], i32)> {
@@ -17,8 +17,8 @@ pub(crate) fn rope_freqs(rope: &Rope, dim: usize, op: &str) -> Result<([f32; ROP
     Ok((freqs, half as i32))
 }
 
-/// Rotates `x`, one token `[heads, dim]` of each of `seqs` (at most `SEQ_MAX`) sequences, token
-/// `i` at position `starts[i]`, into `out` (as many bf16 values).
+/// Rotates `x`, one token `[heads, dim]` of each of `seqs` sequences, token `i` at the position
+/// `positions[i]` (device memory, `seqs` i32), into `out` (as many bf16 values).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rope_seqs(
     b: &CudaBackend,
@@ -27,17 +27,17 @@ pub(crate) fn rope_seqs(
     seqs: usize,
     heads: usize,
     dim: usize,
-    starts: &[i32; SEQ_MAX],
+    positions: u64,
     rope: &Rope,
 ) -> Result<()> {
     let (freqs, half) = rope_freqs(rope, dim, "rope")?;
-    let (ti, hi, di) = (seqs as i32, i32_of(heads, "heads")?, i32_of(dim, "head dim")?);
+    let (ti, hi, di) = (i32_of(seqs, "sequences")?, i32_of(heads, "heads")?, i32_of(dim, "head dim")?);
     let mut l = Overlapped::new(b, &b.k().rope_seqs);
-    l.arg(&out).arg(&x).arg(&ti).arg(&hi).arg(&di).arg(starts).arg(&half).arg(&freqs).arg(&rope.attention_scaling);
-    // SAFETY: rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, SeqInts pos, int half,
-    // RopeFreqs inv, float scaling): t = seqs <= SEQ_MAX tokens of heads * d values in x and out
-    // (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel starts with
-    // grid_dep_begin.
+    l.arg(&out).arg(&x).arg(&ti).arg(&hi).arg(&di).arg(&positions).arg(&half).arg(&freqs).arg(&rope.attention_scaling);
+    // SAFETY: rope_seqs(bf16* out, const bf16* x, int t, int heads, int d, const int* pos, int
+    // half, RopeFreqs inv, float scaling): t = seqs tokens of heads * d values in x and out and t
+    // positions at pos (the caller's contract), 2 * half <= d (rope_freqs checked); the kernel
+    // starts with grid_dep_begin.
     unsafe { l.launch(grid1(seqs * heads * dim), "rope_seqs") }
 }
 

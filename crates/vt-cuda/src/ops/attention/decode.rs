@@ -1,16 +1,18 @@
-//! Attention of one query token over its sequence's KV cache (kernels/attn_decode.cu): the cached
-//! positions are split over blocks (64 each, more for long caches) whose partial softmax results a
-//! second kernel merges, so decode reads the cache at memory speed whatever its length. The split
-//! kernel also writes the step's own key and value into the cache. Head dims 64, 128 and 256 run
-//! on tensor cores.
+//! Attention of one query token of each of n sequences over its positions in the KV pool
+//! (kernels/attn_decode.cu): the positions are split over blocks (64 each, more for long
+//! sequences) whose partial softmax results a second kernel merges, so decode reads the pool at
+//! memory speed whatever the length. The split kernel also writes each step's own key and value
+//! into the pool. Head dims 64, 128 and 256 run on tensor cores.
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use vt_core::Result;
 
+use super::Operands;
 use crate::device::CudaBackend;
+use crate::error::check;
 use crate::kernels::allow_shared;
 use crate::launch::{i32_of, Overlapped};
-use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D, SEQ_MAX};
+use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D};
 
 /// The shortest split (positions).
 const SPLIT: usize = 64;
@@ -19,110 +21,43 @@ pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
     t == 1 && head_dim.is_multiple_of(8) && head_dim <= ATT_DEC_MAX_D
 }
 
-/// Device addresses of one decode call: out and q `[1, q_heads, d]`, k and v `[1, kv_heads, d]`,
-/// the sequence's keys and values (rows of `kv_heads * d`, kv.rs's `Rows`).
-pub(crate) struct Operands {
-    pub out: u64,
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub kc: u64,
-    pub vc: u64,
+/// The sequences of one decode launch, as its kernels read them from device memory.
+pub(crate) struct Batch {
+    pub n: usize,
+    /// `n` i32 positions: sequence i's query sits at `positions[i]`.
+    pub positions: u64,
+    /// `n` block tables of `width` i32 entries each.
+    pub tables: u64,
+    pub width: usize,
+    /// The most positions a query of the launch sees (its grid covers them).
+    pub keys: usize,
 }
 
-/// Where a recorded step reads its position, and the cache rows it sizes the splits for.
-pub(crate) struct Recorded {
-    pub pos: u64,
-    pub rows: usize,
-}
-
-/// The query sits at position `start`; a window (0: none) limits what it sees.
+/// Row `i` of the operands (`out`, `q` `[n, q_heads, d]`, `k`, `v` `[n, kv_heads, d]`) is
+/// sequence `i`'s, over the pool layer `o.kc`, `o.vc`; a window (0: none) limits what each sees.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     b: &CudaBackend,
     o: &Operands,
-    q_heads: usize,
-    kv_heads: usize,
-    d: usize,
-    start: usize,
-    window: usize,
-    scale: f32,
-    recorded: Option<Recorded>,
-) -> Result<()> {
-    let visible = visible(start, window);
-    let split_kernel = SplitKernel::of(b, d, false)?;
-    // A recording covers every position the cache can hold; the splits past the step's visible
-    // ones write empty partials.
-    let keys = recorded.as_ref().map_or(visible, |r| r.rows.max(visible));
-    let head_blocks = split_kernel.head_blocks(q_heads, kv_heads);
-    let split = split_kernel.split_len(b, keys, head_blocks);
-    let splits = keys.div_ceil(split);
-    let start_at = recorded.map_or(0, |r| r.pos);
-    let part = b.buffer(q_heads * splits * (d + 2) * 4)?;
-    let pp = part.ptr();
-    let (hq, hkv, di, si, wi, sl, sp) = (
-        i32_of(q_heads, "heads")?,
-        i32_of(kv_heads, "kv heads")?,
-        d as i32,
-        i32_of(start, "position")?,
-        i32_of(window, "window")?,
-        split as i32,
-        i32_of(splits, "splits")?,
-    );
-    let mut l = Overlapped::new(b, split_kernel.f);
-    l.arg(&pp)
-        .arg(&o.q)
-        .arg(&o.k)
-        .arg(&o.v)
-        .arg(&o.kc)
-        .arg(&o.vc)
-        .arg(&hq)
-        .arg(&hkv)
-        .arg(&di)
-        .arg(&si)
-        .arg(&start_at)
-        .arg(&wi)
-        .arg(&scale)
-        .arg(&sl)
-        .arg(&sp);
-    let cfg = split_kernel.config(splits, head_blocks, 1);
-    // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, kc, vc, int q_heads,
-    // int kv_heads, int d, int start, const int* start_at, int window, float scale, int split, int
-    // splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H)) of 128 threads
-    // with the kernel's dynamic shared memory (allowed by SplitKernel::of), splits of `split` (a
-    // multiple of 64) positions covering the `visible` ones, and every query head (q_heads %
-    // kv_heads == 0, the attention op checked it); d % 8 == 0 and d <= 256 (fits); q [1, q_heads,
-    // d], k/v [1, kv_heads, d]; the cache holds every earlier visible position and has a row
-    // for `start`, which the kernel writes (Rows::of: the table covers it); part holds
-    // q_heads * splits * (d + 2) floats; start_at is 0 or a recording's position. The kernel starts
-    // with grid_dep_begin.
-    unsafe { l.launch(cfg, "attn_dec_split")? };
-    combine(b, o.out, pp, q_heads, d, splits)
-}
-
-/// One token of each of `kv.starts.len()` (at most `SEQ_MAX`) sequences: row `i` of the operands
-/// is sequence `i`'s, over its cache `(kv.keys[i], kv.values[i])` at position `kv.starts[i]`.
-/// `o.kc` and `o.vc` are not read.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_seqs(
-    b: &CudaBackend,
-    o: &Operands,
-    kv: &SeqCaches,
+    batch: &Batch,
     q_heads: usize,
     kv_heads: usize,
     d: usize,
     window: usize,
     scale: f32,
 ) -> Result<()> {
-    let seqs = kv.len;
-    let split_kernel = SplitKernel::of(b, d, true)?;
-    let keys = kv.starts[..seqs].iter().map(|&s| visible(s as usize, window)).max().unwrap_or(1);
+    let n = batch.n;
+    check(n <= u16::MAX as usize, "attention decode", || {
+        format!("{n} sequences in one launch (the grid takes 65535)")
+    })?;
+    let split_kernel = SplitKernel::of(b, d)?;
     let head_blocks = split_kernel.head_blocks(q_heads, kv_heads);
-    let split = split_kernel.split_len(b, keys, seqs * head_blocks);
-    let splits = keys.div_ceil(split);
-    let part = b.buffer(seqs * q_heads * splits * (d + 2) * 4)?;
+    let split = split_kernel.split_len(b, batch.keys, n * head_blocks);
+    let splits = batch.keys.div_ceil(split);
+    let part = b.buffer(n * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
-    let (hq, hkv, di, wi, sl, sp) = (
+    let (width, hq, hkv, di, wi, sl, sp) = (
+        i32_of(batch.width, "table width")?,
         i32_of(q_heads, "heads")?,
         i32_of(kv_heads, "kv heads")?,
         d as i32,
@@ -131,23 +66,22 @@ pub(crate) fn launch_seqs(
         i32_of(splits, "splits")?,
     );
     let mut l = Overlapped::new(b, split_kernel.f);
-    l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&kv.keys).arg(&kv.values).arg(&kv.starts);
+    l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&o.kc).arg(&o.vc).arg(&batch.tables).arg(&width).arg(&batch.positions);
     l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sl).arg(&sp);
-    let cfg = split_kernel.config(splits, head_blocks, seqs);
-    // SAFETY: attn_dec_split_seqs_h{H} / attn_dec_mma_seqs_d{d}(float* part, q, k, v, SeqPtrs kc,
-    // SeqPtrs vc, SeqInts start, int q_heads, int kv_heads, int d, int window, float scale, int
-    // split, int splits) with H = split_kernel.heads: grid (splits, kv_heads * ceil(group / H),
-    // seqs <= SEQ_MAX) of 128 threads with the kernel's dynamic shared memory (allowed by
-    // SplitKernel::of), each cache's row for its start written by the kernel, the splits covering
-    // every sequence's visible positions; q [seqs, q_heads, d], k/v [seqs, kv_heads, d]; cache i
-    // (kv.keys[i], kv.values[i]) holds every earlier visible position of sequence i and room for
-    // start i (Rows::of: the table covers it); part holds seqs * q_heads * splits * (d + 2) floats;
-    // q_heads % kv_heads == 0, d % 8 == 0 and d <= 256 (the op and fits checked). The kernel starts
-    // with grid_dep_begin.
-    unsafe { l.launch(cfg, "attn_dec_split_seqs")? };
-    // Each sequence's heads' partials follow the previous sequence's: seqs * q_heads heads to
-    // merge.
-    combine(b, o.out, pp, seqs * q_heads, d, splits)
+    let cfg = split_kernel.config(splits, head_blocks, n);
+    // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, bf16* kc, bf16* vc,
+    // const int* tables, int width, const int* pos, int q_heads, int kv_heads, int d, int window,
+    // float scale, int split, int splits) with H = split_kernel.heads: grid (splits, kv_heads *
+    // ceil(group / H), n) of 128 threads with the kernel's dynamic shared memory (allowed by
+    // SplitKernel::of), splits of `split` (a multiple of 64) positions covering `keys`, the most
+    // any sequence sees; q [n, q_heads, d], k/v [n, kv_heads, d]; n positions at `positions` and n
+    // tables of `width` entries at `tables`, each naming a block of the layer for every position
+    // its sequence sees and for its own, which the kernel writes (the caller checked them); part
+    // holds n * q_heads * splits * (d + 2) floats; q_heads % kv_heads == 0, d % 8 == 0 and d <= 256
+    // (the op and fits checked). The kernel starts with grid_dep_begin.
+    unsafe { l.launch(cfg, "attn_dec_split")? };
+    // Each sequence's heads' partials follow the previous sequence's: n * q_heads heads to merge.
+    combine(b, o.out, pp, n * q_heads, d, splits)
 }
 
 /// The kernel that writes a decode step's split partials for head dim `d`.
@@ -160,16 +94,13 @@ struct SplitKernel<'a> {
 
 impl<'a> SplitKernel<'a> {
     /// Tensor cores at d = 64, 128 and 256 (16 heads a block: the MMA's rows); else the CUDA-core
-    /// kernel, 4 heads a block up to d = 128 and 1 above (`seqs`: the batched variants).
-    fn of(b: &'a CudaBackend, d: usize, seqs: bool) -> Result<Self> {
+    /// kernel, 4 heads a block up to d = 128 and 1 above.
+    fn of(b: &'a CudaBackend, d: usize) -> Result<Self> {
         let k = b.k();
-        let mma = match (d, seqs) {
-            (64, false) => Some(&k.attn_dec_mma_d64),
-            (128, false) => Some(&k.attn_dec_mma_d128),
-            (256, false) => Some(&k.attn_dec_mma_d256),
-            (64, true) => Some(&k.attn_dec_mma_seqs_d64),
-            (128, true) => Some(&k.attn_dec_mma_seqs_d128),
-            (256, true) => Some(&k.attn_dec_mma_seqs_d256),
+        let mma = match d {
+            64 => Some(&k.attn_dec_mma_d64),
+            128 => Some(&k.attn_dec_mma_d128),
+            256 => Some(&k.attn_dec_mma_d256),
             _ => None,
         };
         if let Some(f) = mma {
@@ -177,18 +108,13 @@ impl<'a> SplitKernel<'a> {
             allow_shared(f, shared, "attn_dec_mma")?;
             return Ok(SplitKernel { f, heads: 16, shared });
         }
-        let (f, heads) = match (d <= 128, seqs) {
-            (true, false) => (&k.attn_dec_split_h4, 4),
-            (false, false) => (&k.attn_dec_split_h1, 1),
-            (true, true) => (&k.attn_dec_split_seqs_h4, 4),
-            (false, true) => (&k.attn_dec_split_seqs_h1, 1),
-        };
+        let (f, heads) = if d <= 128 { (&k.attn_dec_split_h4, 4) } else { (&k.attn_dec_split_h1, 1) };
         Ok(SplitKernel { f, heads, shared: 0 })
     }
 
     /// Positions per split over `keys` positions, for `rows` blocks per split (KV heads' blocks
     /// times sequences): 64, doubled while the launch has more than 4 blocks per SM, so a long
-    /// cache is neither a handful of long splits nor waves of short ones (docs/performance.md).
+    /// sequence is neither a handful of long splits nor waves of short ones (docs/performance.md).
     fn split_len(&self, b: &CudaBackend, keys: usize, rows: usize) -> usize {
         let mut split = SPLIT;
         while split < keys && keys.div_ceil(split) * rows > 4 * b.k().sm_count {
@@ -217,17 +143,8 @@ fn mma_shared(d: usize) -> usize {
     16 * d * 2 + 4 * 2 * 16 * d * 2
 }
 
-/// Per-sequence caches of a batched decode launch, as its kernels take them by value.
-pub(crate) struct SeqCaches {
-    pub keys: [u64; SEQ_MAX],
-    pub values: [u64; SEQ_MAX],
-    pub starts: [i32; SEQ_MAX],
-    /// Sequences filled in.
-    pub len: usize,
-}
-
 /// Positions a query at `start` sees: all up to its own, or the last `window` (0: none).
-fn visible(start: usize, window: usize) -> usize {
+pub(crate) fn visible(start: usize, window: usize) -> usize {
     if window > 0 {
         (start + 1).min(window)
     } else {

@@ -1,14 +1,16 @@
 //! Flash-style attention for prefill (kernels/flash_attn.cu): ops/attention launches it in place of
 //! the one-warp-per-query kernel when a call brings several queries and the head dimension is one
-//! the kernel is built for. Same arguments, same contract (cache rows before `start`, this call's
-//! keys from k / v); the probabilities are rounded to bf16 for the P V tensor-core product.
+//! the kernel is built for. Same arguments, same contract (positions before `start` from the pool
+//! through the block table, this call's keys from k / v); the probabilities are rounded to bf16 for
+//! the P V tensor-core product.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use vt_core::Result;
 
+use super::Operands;
 use crate::device::CudaBackend;
 use crate::kernels::allow_shared;
-use crate::launch::launched;
+use crate::launch::{i32_of, launched};
 use crate::limits::FA_BN;
 
 /// Warps per block and 16-row tiles per warp for a head dimension (`FA_KERNEL` in flash_attn.cu).
@@ -42,28 +44,19 @@ pub(crate) fn fits(t: usize, head_dim: usize, max_shared: usize) -> bool {
     t > 1 && matches!(head_dim, 64 | 128 | 256) && shared_bytes(head_dim) <= max_shared
 }
 
-/// Device addresses of one attention call: out and q `[t, q_heads, d]`, k and v
-/// `[t, kv_heads, d]`, the cache's keys and values.
-pub(crate) struct Operands {
-    pub out: u64,
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub kc: u64,
-    pub vc: u64,
-}
-
-/// Shapes as the attention op checked them: `t` queries from position `start`, `window` 0 for none.
+/// Shapes as the attention op checked them: `t` queries from position `start`, `window` 0 for none,
+/// over the block table at `table`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     b: &CudaBackend,
     p: &Operands,
-    t: i32,
-    q_heads: i32,
-    kv_heads: i32,
+    table: u64,
+    t: usize,
+    q_heads: usize,
+    kv_heads: usize,
     head_dim: usize,
-    start: i32,
-    window: i32,
+    start: usize,
+    window: usize,
     scale: f32,
 ) -> Result<()> {
     let (f, name) = match head_dim {
@@ -73,12 +66,19 @@ pub(crate) fn launch(
     };
     let (warps, tiles) = shape(head_dim);
     let rows = 16 * tiles * warps;
-    let hpb = heads_per_block((q_heads / kv_heads) as usize, warps);
+    let hpb = heads_per_block(q_heads / kv_heads, warps);
     let queries = rows / hpb;
     let shared = shared_bytes(head_dim);
     allow_shared(f, shared, name)?;
     let scale_log2 = scale * std::f32::consts::LOG2_E;
     let bq_log2 = queries.trailing_zeros() as i32;
+    let (ti, hq, hkv, si, wi) = (
+        i32_of(t, "tokens")?,
+        i32_of(q_heads, "heads")?,
+        i32_of(kv_heads, "kv heads")?,
+        i32_of(start, "position")?,
+        i32_of(window, "window")?,
+    );
     let mut l = b.stream().launch_builder(f);
     l.arg(&p.out)
         .arg(&p.q)
@@ -86,25 +86,27 @@ pub(crate) fn launch(
         .arg(&p.v)
         .arg(&p.kc)
         .arg(&p.vc)
-        .arg(&t)
-        .arg(&q_heads)
-        .arg(&kv_heads)
-        .arg(&start)
-        .arg(&window)
+        .arg(&table)
+        .arg(&ti)
+        .arg(&hq)
+        .arg(&hkv)
+        .arg(&si)
+        .arg(&wi)
         .arg(&scale_log2)
         .arg(&bq_log2);
     let cfg = LaunchConfig {
-        grid_dim: ((t as usize).div_ceil(queries) as u32, (q_heads as usize / hpb) as u32, 1),
+        grid_dim: (t.div_ceil(queries) as u32, (q_heads / hpb) as u32, 1),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     // SAFETY: flash_attn_d{D}(bf16* out, const bf16* q, k, v, const bf16* kc, const bf16* vc,
-    // int t, int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2)
-    // with D = head_dim and (WARPS, MI) = shape(D): one block per 2^bq_log2 = 16 * MI * WARPS / hpb
-    // queries (at least 16 * MI: hpb <= WARPS) and hpb heads of one group (hpb divides q_heads /
-    // kv_heads), (16 * MI * WARPS + 2 * 64) * D bf16 of shared memory (allowed above); out/q hold
-    // t * q_heads * D values, k/v t * kv_heads * D, and the cache every position before `start` a
-    // query can see (the attention op reserved it); q_heads % kv_heads == 0.
+    // const int* table, int t, int q_heads, int kv_heads, int start, int window, float scale_log2,
+    // int bq_log2) with D = head_dim and (WARPS, MI) = shape(D): one block per 2^bq_log2 = 16 * MI
+    // * WARPS / hpb queries (at least 16 * MI: hpb <= WARPS) and hpb heads of one group (hpb
+    // divides q_heads / kv_heads), (16 * MI * WARPS + 2 * 64) * D bf16 of shared memory (allowed
+    // above); out/q hold t * q_heads * D values, k/v t * kv_heads * D, and the table names a block
+    // of the pool layer for every position before `start` a query can see (the attention op
+    // checked it); q_heads % kv_heads == 0.
     launched(unsafe { l.launch(cfg) }, name)
 }
 
