@@ -61,6 +61,53 @@ fn recorded_decode_equals_unrecorded_bit_for_bit() {
     assert!(failed.is_empty(), "{failed:?}");
 }
 
+/// Two sequences of one pool taking decode steps in turn: their blocks interleave (neither table
+/// is a run of consecutive blocks; sliding layers give blocks back and take others), and each
+/// replays its own recording over the tables of the moment: bit for bit what the same two
+/// sequences compute launched op by op.
+#[test]
+fn interleaved_sequences_replay_over_scattered_blocks() {
+    let b = CudaBackend::new().unwrap();
+    let steps = 150;
+    let mut failed = Vec::new();
+    for dir in all_fixtures() {
+        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+        let prompts = [&prompt[..], &prompt[..prompt.len() / 2 + 1]];
+        let tokens = prompt.len() + steps + 1;
+        let (rp, pp) = (
+            recorded.new_pool(&recorded.pool_config(2, tokens, tokens)).unwrap(),
+            plain.new_pool(&plain.pool_config(2, tokens, tokens)).unwrap(),
+        );
+        let mut rs = [rp.new_state().unwrap(), rp.new_state().unwrap()];
+        let mut ps = [pp.new_state().unwrap(), pp.new_state().unwrap()];
+        let mut want = [Vec::new(), Vec::new()];
+        for i in 0..2 {
+            want[i] = b.to_f32(&plain.forward(prompts[i], &mut ps[i], Logits::Last).unwrap()).unwrap();
+            let got = b.to_f32(&recorded.forward(prompts[i], &mut rs[i], Logits::Last).unwrap()).unwrap();
+            assert_eq!(got, want[i], "{name}: prefill {i} differs");
+        }
+        let mut first_diff = None;
+        for step in 0..steps {
+            for i in 0..2 {
+                let id = argmax(&want[i]) as u32;
+                want[i] = b.to_f32(&plain.forward(&[id], &mut ps[i], Logits::Last).unwrap()).unwrap();
+                let got = b.to_f32(&recorded.forward(&[id], &mut rs[i], Logits::Last).unwrap()).unwrap();
+                if got != want[i] && first_diff.is_none() {
+                    first_diff = Some((step, i, max_abs_diff(&got, &want[i])));
+                }
+            }
+        }
+        let recordings = rs.each_ref().map(|s| s.recordings());
+        println!(
+            "fixture {name}: 2 x {steps} interleaved steps, {recordings:?} recordings, first difference {first_diff:?}"
+        );
+        if first_diff.is_some() || rs.iter().any(|s| s.recording_error().is_some() || s.recordings() == 0) {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
 /// A sequence's recording runs the weights of the model that made it: another model of the same
 /// shapes that takes the sequence over must compute with its own weights.
 #[test]
