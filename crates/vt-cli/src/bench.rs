@@ -204,12 +204,14 @@ where
         let vs_roofline =
             if n == 1 { format!(", {:.0}% of the roofline", 100.0 * tok_s / roofline) } else { String::new() };
         println!(
-            "batch {n:>3}: TTFT {:>8.1} ms (prefill {:>7.0} tok/s), TPOT {:>7.2} ms (median step {:.2} ms), decode {:>8.1} tok/s{vs_roofline}; memory {:.2} GiB live, {:.2} GiB peak",
+            "batch {n:>3}: TTFT {:>8.1} ms (prefill {:>7.0} tok/s), TPOT {:>7.2} ms (median step {:.2} ms), decode {:>8.1} tok/s{vs_roofline} ({} tokens in {} steps); memory {:.2} GiB live, {:.2} GiB peak",
             ttft * 1e3,
             (n * shape.prompt_len) as f64 / ttft,
             tpot * 1e3,
             median * 1e3,
             tok_s,
+            generated - n,
+            steps.len(),
             gib(backend.memory().bytes_live),
             gib(backend.memory().peak_bytes)
         );
