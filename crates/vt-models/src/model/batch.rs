@@ -82,7 +82,7 @@ impl<B: Backend> Model<B> {
         }
         for (ids, state) in seqs.iter_mut() {
             let end = state.pos + ids.len();
-            state.grow(&mut p, end, false)?;
+            state.grow(&mut p, end)?;
         }
         let mut logits = None;
         if let [(&[id], ref mut state)] = seqs {

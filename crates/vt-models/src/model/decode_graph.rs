@@ -1,17 +1,14 @@
 //! Recorded decode steps: where the backend records (CUDA graphs), a sequence's single-token step
-//! is recorded once and replayed while its block tables hold still, so a decode step costs one
-//! launch instead of one per op. Replays compute exactly what the unrecorded step computes: the
-//! same kernels over the same memory, with the token id and position read from device memory.
+//! is recorded once and replayed while the backend says it fits (CUDA: for 256 positions past the
+//! recorded one), so a decode step costs one launch instead of one per op. Replays compute exactly
+//! what the unrecorded step computes: the same kernels over the same memory, with the token id, the
+//! position and the block tables read from device memory.
 
 use vt_core::{Backend, KvSeq, Result, Tensor};
 
 use super::pool::{LayerSlot, PoolInner};
 use super::state::{Recorded, SeqState};
 use super::{Logits, Model};
-
-/// Positions of blocks taken ahead before recording: a recording replays while the tables it
-/// was recorded over hold, so a sequence records again about every this many steps.
-pub(super) const RESERVE_AHEAD: usize = 256;
 
 /// A sequence's recorded step, the model it runs (its weights are in the recording), and where its
 /// replays leave the logits (the recording's memory).
@@ -81,14 +78,13 @@ impl<B: Backend> Model<B> {
     }
 
     /// Records the step of `id` at the sequence's position; `None` where the backend does not
-    /// record. The recording has not run: `state` is left as it was, except that its tables take
-    /// blocks ahead (as many as are free, up to `RESERVE_AHEAD` positions) for its replays.
+    /// record. The recording has not run: `state` is left as it was (its tables already cover the
+    /// step: each replay takes the tables of its own step).
     fn record(&self, id: u32, state: &mut SeqState<B>, p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
         let b = &self.backend;
         // The weights' derived state is built outside the recording (a recorder cannot build it).
         self.prepare()?;
         let Some(recorder) = b.recorder(1, state.pos)? else { return Ok(None) };
-        state.grow(p, state.pos + RESERVE_AHEAD, true)?;
         let pos = state.pos;
         let logits = self.run_on(&recorder, &mut [(&[id], &mut *state)], Logits::Last, p);
         state.pos = pos;

@@ -93,30 +93,25 @@ impl<B: Backend> SeqState<B> {
         std::sync::Arc::ptr_eq(&self.pool, &other.pool)
     }
 
-    /// Takes blocks so every table covers `positions` positions; with `partial`, as many as are
-    /// free (a reservation ahead), else all or an error (and nothing taken).
-    pub(super) fn grow(&mut self, p: &mut PoolInner<B>, positions: usize, partial: bool) -> Result<()> {
+    /// Takes blocks so every table covers `positions` positions: all of them, or an error (and
+    /// nothing taken) when a group has too few free.
+    pub(super) fn grow(&mut self, p: &mut PoolInner<B>, positions: usize) -> Result<()> {
         let end = positions.div_ceil(self.block);
-        if !partial {
-            for (g, (table, alloc)) in self.tables.iter().zip(&p.groups).enumerate() {
-                let need = end.saturating_sub(table.len());
-                if need > alloc.free() {
-                    return Err(Error::input(format!(
-                        "the KV pool is out of blocks: a sequence at {} positions needs {need} more of group {g}, {} \
-                         are free of {}",
-                        self.pos,
-                        alloc.free(),
-                        alloc.total()
-                    )));
-                }
+        for (g, (table, alloc)) in self.tables.iter().zip(&p.groups).enumerate() {
+            let need = end.saturating_sub(table.len());
+            if need > alloc.free() {
+                return Err(Error::input(format!(
+                    "the KV pool is out of blocks: a sequence at {} positions needs {need} more of group {g}, {} are \
+                     free of {}",
+                    self.pos,
+                    alloc.free(),
+                    alloc.total()
+                )));
             }
         }
         for (table, alloc) in self.tables.iter_mut().zip(&mut p.groups) {
             while table.len() < end {
-                match alloc.alloc() {
-                    Some(b) => table.push(b),
-                    None => break,
-                }
+                table.push(alloc.alloc().expect("counted free"));
             }
         }
         Ok(())
