@@ -28,6 +28,7 @@ struct Cli {
 enum BackendKind {
     Cpu,
     Cuda,
+    Wgpu,
 }
 
 #[derive(clap::Args)]
@@ -324,6 +325,14 @@ fn run(cli: Cli) -> AnyResult<()> {
         BackendKind::Cuda => run_on(&vt::CudaBackend::new()?, &cli),
         #[cfg(not(feature = "cuda"))]
         BackendKind::Cuda => Err("this build has no CUDA backend (build vt with --features cuda)".into()),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => {
+            let b = vt::WgpuBackend::new()?;
+            eprintln!("wgpu adapter: {}", b.adapter());
+            run_on(&b, &cli)
+        }
+        #[cfg(not(feature = "wgpu"))]
+        BackendKind::Wgpu => Err("this build has no wgpu backend (build vt with --features wgpu)".into()),
     }
 }
 
@@ -493,7 +502,7 @@ where
             m.set_recorded_decode(!unrecorded);
             let bandwidth = match model.backend {
                 BackendKind::Cpu => bench::host_copy_bandwidth(),
-                BackendKind::Cuda => bench::copy_bandwidth(backend)?,
+                BackendKind::Cuda | BackendKind::Wgpu => bench::copy_bandwidth(backend)?,
             };
             let constraint = match json_schema {
                 None => None,

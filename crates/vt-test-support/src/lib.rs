@@ -3,6 +3,8 @@
 //! of the lifetime tests (`lifetime`, `variant`).
 
 pub mod lifetime;
+pub mod ops;
+pub mod parity;
 pub mod variant;
 
 use std::path::{Path, PathBuf};

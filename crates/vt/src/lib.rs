@@ -1,5 +1,5 @@
 //! vt: serve sparse mixture-of-experts language models (Qwen3.5/3.6-MoE, Laguna, Qwen3-MoE) from
-//! Hugging Face checkpoints. Pick a backend with a cargo feature: `cpu` (default) or `cuda`.
+//! Hugging Face checkpoints. Pick a backend with a cargo feature: `cpu` (default), `cuda` or `wgpu`.
 //!
 //! ```no_run
 //! # fn main() -> vt::Result<()> {
@@ -34,6 +34,8 @@ pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
 pub use vt_cpu::{AllocMode, CpuBackend};
 #[cfg(feature = "cuda")]
 pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend};
+#[cfg(feature = "wgpu")]
+pub use vt_wgpu::{AllocMode as WgpuAllocMode, WgpuBackend};
 
 /// The checkpoint's context limit (`max_position_embeddings`), if its config states one.
 pub fn context_limit(dir: &std::path::Path) -> Result<Option<usize>> {

@@ -1,0 +1,513 @@
+//! vt-wgpu: the portable GPU backend (Vulkan, Metal, DX12) on wgpu, every op a WGSL compute
+//! shader (src/shaders/).
+//!
+//! Numerics: activations are f32. WGSL has no bf16, and f16 (`SHADER_F16`) is optional (lavapipe
+//! has it, not every adapter does); f32 keeps one code path on every adapter and holds this
+//! backend to vt-cpu's f32 parity rule. f16 activations where the adapter has them would halve
+//! activation traffic: a later step. Weights stay in their stored dtype (bf16/f16/f32, NVFP4,
+//! FP8) and are decoded in the shaders; accumulation and the GDN state are f32.
+//!
+//! Memory comes from vt-core's shared allocator over wgpu buffers (memory.rs), commands are
+//! recorded in issue order into one encoder (gpu.rs). The MoE layer's derived state (its experts
+//! stacked into one buffer per half, which one dispatch can index) lives in its resident slot.
+
+mod gpu;
+mod kv;
+mod memory;
+mod moe;
+mod shaders;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use vt_core::backend::check;
+use vt_core::backend::prelude::*;
+use vt_core::{
+    AttentionParams, DType, GateAct, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MemoryStats, MoeExperts, NormKind,
+    Result, Rope, Router, Tensor, Weight,
+};
+
+pub use gpu::Gpu;
+pub use kv::{WgpuKvPool, KV_BLOCK};
+pub use memory::{AllocMode, GpuBuffer};
+pub use moe::WgpuExpertTable;
+
+use gpu::{err, Range};
+use memory::{Allocator, GpuMemory};
+use shaders::Kernel;
+
+/// Source of instance ids; ids only distinguish instances, nothing is keyed by them globally.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// The wgpu backend. Clones share one device and allocator.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+    alloc: Arc<Allocator>,
+    id: u64,
+}
+
+/// Workgroup width of every kernel.
+const WG: usize = 64;
+
+/// Format words of a weight as weights.wgsl reads them: format, rows, inputs, FP8 block.
+type FmtWords = [u32; 5];
+
+fn dense_format(dtype: DType) -> Result<u32> {
+    Ok(match dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+        DType::F8E4M3 => 3,
+        other => return Err(err(format!("no shader decodes {other} values"))),
+    })
+}
+
+/// Checked conversion of a size to a shader's u32.
+fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| err(format!("{what} {n} exceeds a shader's 32-bit index")))
+}
+
+impl WgpuBackend {
+    pub fn new() -> Result<Self> {
+        Self::with_mode(AllocMode::System)
+    }
+
+    pub fn with_mode(mode: AllocMode) -> Result<Self> {
+        Ok(Self::on(&Gpu::new()?, mode))
+    }
+
+    /// A backend instance on a device another instance may share (as CUDA backends share a
+    /// GPU's context): its own allocator, id and memory; the device's compiled kernels shared.
+    /// Tests that make many backends use it: a software driver's code memory (lavapipe's JIT)
+    /// may not come back when a device goes.
+    pub fn on(gpu: &Arc<Gpu>, mode: AllocMode) -> Self {
+        WgpuBackend {
+            alloc: Arc::new(Allocator::new(mode, GpuMemory::new(gpu.clone()))),
+            gpu: gpu.clone(),
+            id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The adapter this backend runs on.
+    pub fn adapter(&self) -> String {
+        self.gpu.describe()
+    }
+
+    /// Waits for every recorded op.
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize()
+    }
+
+    fn buffer(&self, len: usize) -> Result<GpuBuffer> {
+        GpuBuffer::new(&self.alloc, len)
+    }
+
+    /// An f32 tensor for an op to fill.
+    fn output(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        let n: usize = shape.iter().product();
+        Ok(Tensor::from_parts(self.buffer(n * 4)?, DType::F32, shape.to_vec()))
+    }
+
+    /// A fresh storage buffer of host data (ids, tables) that an op binds.
+    fn host_data(&self, bytes: &[u8]) -> wgpu::Buffer {
+        self.gpu.init_buffer(bytes, wgpu::BufferUsages::STORAGE)
+    }
+
+    /// A small float tensor (norm weight, bias, gate parameter) as f32.
+    fn small_f32(&self, t: &Tensor<Self>, op: &str) -> Result<Tensor<Self>> {
+        let fmt =
+            dense_format(t.dtype()).map_err(|_| err(format!("{op}: expected a float tensor, found {}", t.dtype())))?;
+        let n = t.numel();
+        let out = self.output(&[n])?;
+        let w = t.buffer().range();
+        let params = [fmt, 1, u32_of(n, op)?, 1, 1, u32_of(n, op)?];
+        let bindings = [(1, w), (2, w), (3, w), (5, out.buffer().range())];
+        self.gpu.dispatch(Kernel::Convert, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        Ok(out)
+    }
+
+    /// Format words and (values, scales, globals) of a linear weight; `keep` holds the global
+    /// scale's buffer for the call.
+    fn weight_parts<'a>(
+        &self,
+        w: &'a Weight<Self>,
+        keep: &'a mut Option<wgpu::Buffer>,
+    ) -> Result<(FmtWords, [Range<'a>; 3])> {
+        let (n, k) = w.dims();
+        let (n32, k32) = (u32_of(n, "weight rows")?, u32_of(k, "weight inputs")?);
+        Ok(match w {
+            Weight::Dense(t) => {
+                let r = t.buffer().range();
+                ([dense_format(t.dtype())?, n32, k32, 1, 1], [r, r, r])
+            }
+            Weight::Nvfp4(q) => {
+                let g = keep.insert(self.host_data(&q.global_scale.to_le_bytes()));
+                let g = Range { buffer: g, offset: 0, size: 4 };
+                ([4, n32, k32, 1, 1], [q.codes.buffer().range(), q.scales.buffer().range(), g])
+            }
+            Weight::Fp8(q) => {
+                let r = q.scales.buffer().range();
+                let block = [u32_of(q.block[0], "FP8 block")?, u32_of(q.block[1], "FP8 block")?];
+                ([5, n32, k32, block[0], block[1]], [q.values.buffer().range(), r, r])
+            }
+        })
+    }
+
+    fn elementwise(&self, op: u32, a: &Tensor<Self>, b: &Tensor<Self>, per: usize, name: &str) -> Result<Tensor<Self>> {
+        let (a_buf, b_buf) = (act(a, name)?, act(b, name)?);
+        let out = self.output(a.shape())?;
+        let n = a.numel();
+        let params = [op, u32_of(n, name)?, u32_of(per.max(1), name)?];
+        let bindings = [(1, a_buf.range()), (2, b_buf.range()), (3, out.buffer().range())];
+        self.gpu.dispatch(Kernel::Elementwise, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        Ok(out)
+    }
+
+    /// Copies `len` bytes between tensors' buffers in command order.
+    fn copy(&self, src: &GpuBuffer, from: usize, dst: &GpuBuffer, to: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let (s, d) = (src.sub(from, len), dst.sub(to, len));
+        self.gpu.record(|e| e.copy_buffer_to_buffer(s.buffer, s.offset, d.buffer, d.offset, len as u64));
+    }
+
+    fn norm(
+        &self,
+        x: &Tensor<Self>,
+        z: Option<&Tensor<Self>>,
+        w: &Tensor<Self>,
+        eps: f32,
+        offset: f32,
+        op: &str,
+    ) -> Result<Tensor<Self>> {
+        let xb = act(x, op)?;
+        let zb = z.map(|z| act(z, op)).transpose()?.unwrap_or(xb);
+        let w = self.small_f32(w, op)?;
+        let out = self.output(x.shape())?;
+        let rows = x.rows();
+        let [gx, gy, _] = self.gpu.grid(rows, 1)?;
+        let params =
+            [u32_of(x.last_dim(), op)?, eps.to_bits(), offset.to_bits(), z.is_some() as u32, u32_of(rows, op)?];
+        let bindings = [(1, xb.range()), (2, w.buffer().range()), (3, zb.range()), (4, out.buffer().range())];
+        self.gpu.dispatch(Kernel::RmsNorm, &params, &bindings, [gx, gy, 1])?;
+        Ok(out)
+    }
+}
+
+/// The buffer of an f32 activation, or an error naming the op.
+fn act<'a>(t: &'a Tensor<WgpuBackend>, op: &str) -> Result<&'a GpuBuffer> {
+    if t.dtype() != DType::F32 {
+        return Err(err(format!("{op}: expected an F32 activation, found {} {:?}", t.dtype(), t.shape())));
+    }
+    Ok(t.buffer())
+}
+
+impl Device for WgpuBackend {
+    type Buffer = GpuBuffer;
+
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn instance_id(&self) -> u64 {
+        self.id
+    }
+
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn memory(&self) -> MemoryStats {
+        self.alloc.stats()
+    }
+
+    fn buffer_addr(&self, buf: &GpuBuffer) -> usize {
+        buf.addr()
+    }
+
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
+        check::upload(self, dtype, shape, bytes)?;
+        let buf = self.buffer(bytes.len())?;
+        self.gpu.write(buf.range(), bytes);
+        Ok(Tensor::from_parts(buf, dtype, shape.to_vec()))
+    }
+
+    fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
+        check::from_f32(self, shape, data)?;
+        self.upload(DType::F32, shape, bytemuck::cast_slice(data))
+    }
+
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        self.output(shape)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor<Self>> {
+        self.output(shape)
+    }
+
+    fn zero(&self, t: &mut Tensor<Self>) -> Result<()> {
+        t.buffer().clear();
+        Ok(())
+    }
+
+    fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()> {
+        check::copy_into(self, src, dst)?;
+        let len = src.dtype().bytes_for(src.numel()).ok_or_else(|| err("copy_into: bad element count"))?;
+        // Whole 4-byte words: the blocks are 256-byte multiples, so the padding is the block's own.
+        self.copy(src.buffer(), 0, dst.buffer(), 0, len.next_multiple_of(4));
+        Ok(())
+    }
+
+    fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
+        check::to_f32(self, t)?;
+        let len = t.dtype().bytes_for(t.numel()).ok_or_else(|| err("to_f32: bad element count"))?;
+        let bytes = self.gpu.read(t.buffer().range(), len)?;
+        let mut out = vec![0.0; t.numel()];
+        vt_core::dtype::decode_into(t.dtype(), &bytes, &mut out);
+        Ok(out)
+    }
+}
+
+impl Ops for WgpuBackend {
+    fn embedding(&self, table: &Tensor<Self>, ids: &[u32]) -> Result<Tensor<Self>> {
+        let op = "embedding";
+        let (vocab, hidden) = check::embedding(self, table, ids)?;
+        let out = self.output(&[ids.len(), hidden])?;
+        let n = ids.len() * hidden;
+        let ids_buf = self.host_data(bytemuck::cast_slice(ids));
+        let idr = Range { buffer: &ids_buf, offset: 0, size: ids_buf.size() };
+        let w = table.buffer().range();
+        let params = [dense_format(table.dtype())?, u32_of(vocab, op)?, u32_of(hidden, op)?, 1, 1, u32_of(n, op)?];
+        let bindings = [(1, w), (2, w), (3, w), (4, idr), (5, out.buffer().range())];
+        self.gpu.dispatch(Kernel::Embedding, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &Tensor<Self>, w: &Tensor<Self>, eps: f32, kind: NormKind) -> Result<Tensor<Self>> {
+        check::rms_norm(self, x, w)?;
+        self.norm(x, None, w, eps, kind.weight_offset(), "rms_norm")
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor<Self>, z: &Tensor<Self>, w: &Tensor<Self>, eps: f32) -> Result<Tensor<Self>> {
+        check::rms_norm_gated(self, x, z, w)?;
+        self.norm(x, Some(z), w, eps, 0.0, "rms_norm_gated")
+    }
+
+    fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>> {
+        let op = "linear";
+        let (n, _) = check::linear(self, x, w)?;
+        let xb = act(x, op)?;
+        let t = x.rows();
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("checked non-scalar") = n;
+        let out = self.output(&shape)?;
+        let mut keep = None;
+        let (fmt, [wv, ws, wg]) = self.weight_parts(&w.weight, &mut keep)?;
+        let bindings = [(1, wv), (2, ws), (3, wg), (4, xb.range()), (5, out.buffer().range())];
+        let groups = [self.gpu.axis(n.div_ceil(WG), op)?, self.gpu.axis(t, op)?, 1];
+        if t > 0 {
+            self.gpu.dispatch(Kernel::Linear, &fmt, &bindings, groups)?;
+        }
+        Ok(out)
+    }
+
+    fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
+        check::same_shape(self, "add", a, b)?;
+        self.elementwise(0, a, b, 1, "add")
+    }
+
+    fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
+        check::same_shape(self, "swiglu", gate, up)?;
+        self.elementwise(1, gate, up, 1, "swiglu")
+    }
+
+    fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>> {
+        let per = check::gate(self, x, g)?;
+        let op = match act {
+            GateAct::Sigmoid => 2,
+            GateAct::Softplus => 3,
+        };
+        self.elementwise(op, x, g, per, "gate")
+    }
+
+    fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        let op = "narrow_cols";
+        check::narrow_cols(self, x, start, len)?;
+        let xb = act(x, op)?;
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("non-scalar") = len;
+        let out = self.output(&shape)?;
+        let n = x.rows() * len;
+        let params = [u32_of(n, op)?, u32_of(x.last_dim(), op)?, u32_of(start, op)?, u32_of(len.max(1), op)?];
+        self.gpu.dispatch(
+            Kernel::Narrow,
+            &params,
+            &[(1, xb.range()), (2, out.buffer().range())],
+            self.gpu.grid(n, WG)?,
+        )?;
+        Ok(out)
+    }
+
+    fn slice_rows(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
+        check::slice_rows(self, x, start, len)?;
+        let width = x.last_dim();
+        let out = self.output(&[len, width])?;
+        self.copy(act(x, "slice_rows")?, start * width * 4, out.buffer(), 0, len * width * 4);
+        Ok(out)
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor<Self>]) -> Result<Tensor<Self>> {
+        let (rows, width) = check::concat_rows(self, parts)?;
+        let out = self.output(&[rows, width])?;
+        let mut at = 0;
+        for p in parts {
+            let bytes = p.numel() * 4;
+            self.copy(act(p, "concat_rows")?, 0, out.buffer(), at, bytes);
+            at += bytes;
+        }
+        Ok(out)
+    }
+
+    fn rope(&self, x: &Tensor<Self>, start: usize, rope: &Rope) -> Result<Tensor<Self>> {
+        let op = "rope";
+        let (t, heads, dim) = check::rope(self, x, rope)?;
+        let xb = act(x, op)?;
+        // The angles as vt-cpu takes them: an f32 product, cos and sin in f32, times the scaling.
+        let table: Vec<f32> = (0..t)
+            .flat_map(|i| {
+                let pos = (start + i) as f32;
+                rope.inv_freq.iter().flat_map(move |&f| {
+                    let a = pos * f;
+                    [a.cos() * rope.attention_scaling, a.sin() * rope.attention_scaling]
+                })
+            })
+            .collect();
+        let cs = self.host_data(bytemuck::cast_slice(&table));
+        let out = self.output(x.shape())?;
+        let n = x.numel();
+        let params = [u32_of(n, op)?, u32_of(heads, op)?, u32_of(dim, op)?, u32_of(rope.inv_freq.len(), op)?];
+        let csr = Range { buffer: &cs, offset: 0, size: cs.size() };
+        let bindings = [(1, xb.range()), (2, csr), (3, out.buffer().range())];
+        self.gpu.dispatch(Kernel::Rope, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        Ok(out)
+    }
+
+    fn causal_conv1d(&self, x: &Tensor<Self>, w: &Tensor<Self>, state: &mut Tensor<Self>) -> Result<Tensor<Self>> {
+        let op = "causal_conv1d";
+        let (channels, kernel) = check::causal_conv1d(self, x, w, state)?;
+        let (xb, sb) = (act(x, op)?, act(state, op)?);
+        let w = self.small_f32(w, op)?;
+        let out = self.output(x.shape())?;
+        let params = [u32_of(x.rows(), op)?, u32_of(channels, op)?, u32_of(kernel, op)?];
+        let bindings = [(1, xb.range()), (2, w.buffer().range()), (3, sb.range()), (4, out.buffer().range())];
+        self.gpu.dispatch(Kernel::Conv, &params, &bindings, self.gpu.grid(channels, WG)?)?;
+        Ok(out)
+    }
+
+    /// Both modes run the token-by-token form (gdn.wgsl): the chunked form's result up to f32
+    /// rounding, as vt-cpu's two forms agree.
+    fn gated_delta_rule(
+        &self,
+        inp: &GdnInputs<'_, Self>,
+        state: &mut Tensor<Self>,
+        mode: GdnMode,
+    ) -> Result<Tensor<Self>> {
+        let op = "gated_delta_rule";
+        let _ = mode;
+        let d = inp.dims(self, state)?;
+        if d.key_dim > 256 {
+            return Err(err(format!("{op}: key head dimension {} exceeds the shader's 256", d.key_dim)));
+        }
+        let (q, k, v, a, b, s) =
+            (act(inp.q, op)?, act(inp.k, op)?, act(inp.v, op)?, act(inp.a, op)?, act(inp.b, op)?, act(state, op)?);
+        let (a_log, dt_bias) = (self.small_f32(inp.a_log, op)?, self.small_f32(inp.dt_bias, op)?);
+        let count = d.t * d.value_heads;
+        let gb = self.output(&[2, count])?;
+        let bindings = [
+            (1, a.range()),
+            (2, b.range()),
+            (3, a_log.buffer().range()),
+            (4, dt_bias.buffer().range()),
+            (5, gb.buffer().range()),
+        ];
+        let params = [u32_of(count, op)?, u32_of(d.value_heads, op)?];
+        self.gpu.dispatch(Kernel::GdnGates, &params, &bindings, self.gpu.grid(count, WG)?)?;
+        let out = self.output(&[d.t, d.value_heads, d.value_dim])?;
+        let params = [
+            u32_of(d.t, op)?,
+            u32_of(d.key_heads, op)?,
+            u32_of(d.value_heads, op)?,
+            u32_of(d.key_dim, op)?,
+            u32_of(d.value_dim, op)?,
+            ((d.key_dim as f64).sqrt() as f32).to_bits(),
+        ];
+        let bindings = [
+            (1, q.range()),
+            (2, k.range()),
+            (3, v.range()),
+            (4, gb.buffer().range()),
+            (5, s.range()),
+            (6, out.buffer().range()),
+        ];
+        if d.t > 0 && d.key_dim > 0 {
+            self.gpu.dispatch(Kernel::Gdn, &params, &bindings, [self.gpu.axis(d.value_heads, op)?, 1, 1])?;
+        }
+        Ok(out)
+    }
+
+    fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
+        let dims = check::moe(self, x, router, experts)?;
+        let table = self.expert_table(experts)?;
+        moe::moe(self, x, router, table, &dims)
+    }
+
+    fn prepare_experts(&self, experts: &MoeExperts<Self>) -> Result<()> {
+        self.expert_table(experts).map(|_| ())
+    }
+}
+
+impl WgpuBackend {
+    /// The experts' stacked weights (moe.rs), built into their resident slot on first use.
+    fn expert_table<'e>(&self, experts: &'e MoeExperts<Self>) -> Result<&'e WgpuExpertTable> {
+        experts.resident.get_or_try_init(self, || moe::build_table(self, experts))
+    }
+}
+
+impl KvOps for WgpuBackend {
+    type KvPool = WgpuKvPool;
+
+    fn kv_block_size(&self) -> usize {
+        KV_BLOCK
+    }
+
+    fn new_kv_pool(&self, layers: &[KvLayout]) -> Result<WgpuKvPool> {
+        kv::new_pool(self, layers)
+    }
+
+    fn copy_kv_block(&self, pool: &mut WgpuKvPool, layer: usize, src: u32, dst: u32) -> Result<()> {
+        kv::copy_block(self, pool, layer, src, dst)
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        pool: &mut WgpuKvPool,
+        seq: KvSeq<'_>,
+        params: &AttentionParams,
+    ) -> Result<Tensor<Self>> {
+        let dims = check::attention(self, q, k, v, params)?;
+        kv::attention(self, q, k, v, pool, seq, params, &dims)
+    }
+}
+
+/// Every fused op composed from the primitive ones.
+impl FusedOps for WgpuBackend {}
+
+/// Steps are not recorded.
+impl StepRecording for WgpuBackend {
+    type StepGraph = ();
+}

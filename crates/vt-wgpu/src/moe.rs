@@ -1,0 +1,175 @@
+//! The routed experts of an MoE layer: routing on the device (route.wgsl), then each routed slot's
+//! expert (expert_up.wgsl, expert_down.wgsl) and the weighted sum (combine.wgsl).
+//!
+//! A shader binds a fixed set of buffers, so it cannot reach E experts' separate tensors: the
+//! layer's derived state (`WgpuExpertTable`, in the experts' resident slot) is their weights
+//! stacked in their stored form, gate and up as matrices 2e and 2e + 1 of one stack, down as
+//! matrix e of another. It is a copy (the expert weights' size again), like vt-cpu's fused
+//! gate/up rows; freed with the layer.
+
+use vt_core::backend::check::MoeDims;
+use vt_core::backend::Ops;
+use vt_core::{MoeExperts, Result, Router, RouterKind, Tensor, Weight};
+
+use crate::gpu::{err, Range};
+use crate::shaders::Kernel;
+use crate::{act, dense_format, u32_of, FmtWords, GpuBuffer, WgpuBackend, WG};
+
+/// Most experts and top-k the routing shader takes (its private arrays).
+const MAX_EXPERTS: usize = 1024;
+const MAX_TOP_K: usize = 64;
+
+/// Matrices of one format and shape, stacked as weights.wgsl reads them.
+struct Stack {
+    fmt: FmtWords,
+    values: GpuBuffer,
+    /// NVFP4's fp8 scales, FP8's block scales; `None` for dense weights.
+    scales: Option<GpuBuffer>,
+    /// NVFP4's global scale per matrix.
+    globals: Option<GpuBuffer>,
+}
+
+impl Stack {
+    fn ranges(&self) -> [Range<'_>; 3] {
+        let v = self.values.range();
+        [v, self.scales.as_ref().map_or(v, GpuBuffer::range), self.globals.as_ref().map_or(v, GpuBuffer::range)]
+    }
+}
+
+/// A layer's experts, stacked (see the module docs).
+pub struct WgpuExpertTable {
+    gate_up: Stack,
+    down: Stack,
+}
+
+/// The tensors of one matrix in a stack: values, scales, global scale.
+fn parts(w: &Weight<WgpuBackend>) -> (&Tensor<WgpuBackend>, Option<&Tensor<WgpuBackend>>, Option<f32>) {
+    match w {
+        Weight::Dense(t) => (t, None, None),
+        Weight::Nvfp4(q) => (&q.codes, Some(&q.scales), Some(q.global_scale)),
+        Weight::Fp8(q) => (&q.values, Some(&q.scales), None),
+    }
+}
+
+/// Format words of a weight; every matrix of a stack must give the same.
+fn format(w: &Weight<WgpuBackend>) -> Result<FmtWords> {
+    let (n, k) = w.dims();
+    let (n, k) = (u32_of(n, "expert rows")?, u32_of(k, "expert inputs")?);
+    Ok(match w {
+        Weight::Dense(t) => [dense_format(t.dtype())?, n, k, 1, 1],
+        Weight::Nvfp4(_) => [4, n, k, 1, 1],
+        Weight::Fp8(q) => [5, n, k, u32_of(q.block[0], "FP8 block")?, u32_of(q.block[1], "FP8 block")?],
+    })
+}
+
+fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], what: &str) -> Result<Stack> {
+    let fmt = format(ws[0])?;
+    let (v0, s0, _) = parts(ws[0]);
+    let bytes = |t: &Tensor<WgpuBackend>| t.dtype().bytes_for(t.numel()).unwrap_or(0);
+    let (vb, sb) = (bytes(v0), s0.map_or(0, bytes));
+    if vb % 4 != 0 || sb % 4 != 0 {
+        return Err(err(format!("{what}: experts of {vb} value bytes, {sb} scale bytes do not stack (4-byte copies)")));
+    }
+    let values = b.buffer(vb * ws.len())?;
+    let scales = s0.map(|_| b.buffer(sb * ws.len())).transpose()?;
+    let mut globals = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        if format(w)? != fmt {
+            return Err(err(format!("{what}: every expert must share one storage format and shape")));
+        }
+        let (v, s, g) = parts(w);
+        b.copy(v.buffer(), 0, &values, i * vb, vb);
+        if let (Some(s), Some(dst)) = (s, &scales) {
+            b.copy(s.buffer(), 0, dst, i * sb, sb);
+        }
+        globals.extend(g);
+    }
+    let globals = if globals.is_empty() {
+        None
+    } else {
+        let buf = b.buffer(globals.len() * 4)?;
+        b.gpu.write(buf.range(), bytemuck::cast_slice(&globals));
+        Some(buf)
+    };
+    Ok(Stack { fmt, values, scales, globals })
+}
+
+pub fn build_table(b: &WgpuBackend, experts: &MoeExperts<WgpuBackend>) -> Result<WgpuExpertTable> {
+    let gate_up: Vec<_> = experts.experts.iter().flat_map(|e| [&e.gate, &e.up]).collect();
+    let down: Vec<_> = experts.experts.iter().map(|e| &e.down).collect();
+    Ok(WgpuExpertTable { gate_up: stack(b, &gate_up, "experts' gate/up")?, down: stack(b, &down, "experts' down")? })
+}
+
+pub fn moe(
+    b: &WgpuBackend,
+    x: &Tensor<WgpuBackend>,
+    router: &Router<WgpuBackend>,
+    table: &WgpuExpertTable,
+    d: &MoeDims,
+) -> Result<Tensor<WgpuBackend>> {
+    let op = "moe";
+    let xb = act(x, op)?;
+    if d.experts > MAX_EXPERTS || d.top_k > MAX_TOP_K {
+        return Err(err(format!(
+            "{op}: {} experts, top-k {}: the routing shader takes at most {MAX_EXPERTS} and {MAX_TOP_K}",
+            d.experts, d.top_k
+        )));
+    }
+    let (t, k) = (x.rows(), d.top_k);
+    let out = b.output(x.shape())?;
+    if t == 0 {
+        return Ok(out);
+    }
+    let logits = b.linear(x, &router.weight)?;
+    let bias = match &router.correction_bias {
+        Some(c) => b.small_f32(c, op)?,
+        // Bound but unread: a routing binding of its own (the logits are written).
+        None => b.output(&[1])?,
+    };
+    let (kind, renorm, cap, scaling) = match router.kind {
+        RouterKind::Softmax { renormalize, .. } => (0, renormalize, None, 1.0),
+        RouterKind::Sigmoid { softcap, renormalize, routed_scaling, .. } => (1, renormalize, softcap, routed_scaling),
+    };
+    let slots = t * k;
+    let ids = b.buffer(slots * 4)?;
+    let wts = b.output(&[slots])?;
+    let params = [
+        u32_of(t, op)?,
+        u32_of(d.experts, op)?,
+        u32_of(k, op)?,
+        kind,
+        renorm as u32,
+        cap.is_some() as u32,
+        cap.unwrap_or(1.0).to_bits(),
+        f32::to_bits(scaling),
+        router.correction_bias.is_some() as u32,
+    ];
+    let bindings =
+        [(1, logits.buffer().range()), (2, bias.buffer().range()), (3, ids.range()), (4, wts.buffer().range())];
+    b.gpu.dispatch(Kernel::Route, &params, &bindings, b.gpu.grid(t, WG)?)?;
+
+    let slot_groups = b.gpu.axis(slots, op)?;
+    let (inter, hidden) = (d.intermediate, d.hidden);
+    let h = b.output(&[slots, inter])?;
+    let [wv, ws, wg] = table.gate_up.ranges();
+    let mut params = table.gate_up.fmt.to_vec();
+    params.push(u32_of(k, op)?);
+    let bindings = [(1, wv), (2, ws), (3, wg), (4, xb.range()), (5, ids.range()), (6, h.buffer().range())];
+    b.gpu.dispatch(Kernel::ExpertUp, &params, &bindings, [b.gpu.axis(inter.div_ceil(WG), op)?, slot_groups, 1])?;
+
+    let y = b.output(&[slots, hidden])?;
+    let [wv, ws, wg] = table.down.ranges();
+    let bindings = [(1, wv), (2, ws), (3, wg), (4, h.buffer().range()), (5, ids.range()), (6, y.buffer().range())];
+    b.gpu.dispatch(
+        Kernel::ExpertDown,
+        &table.down.fmt,
+        &bindings,
+        [b.gpu.axis(hidden.div_ceil(WG), op)?, slot_groups, 1],
+    )?;
+
+    let n = t * hidden;
+    let params = [u32_of(n, op)?, u32_of(k, op)?, u32_of(hidden, op)?];
+    let bindings = [(1, y.buffer().range()), (2, wts.buffer().range()), (3, out.buffer().range())];
+    b.gpu.dispatch(Kernel::Combine, &params, &bindings, b.gpu.grid(n, WG)?)?;
+    Ok(out)
+}

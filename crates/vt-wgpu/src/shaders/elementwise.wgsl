@@ -1,0 +1,29 @@
+// Elementwise ops over `count` values: 0 add, 1 swiglu `silu(a) * b`, 2 `a * sigmoid(b[i / per])`,
+// 3 `a * softplus(b[i / per])`.
+struct P { op: u32, count: u32, per: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = flat(gid, groups);
+    if (i >= p.count) {
+        return;
+    }
+    switch p.op {
+        case 0u: {
+            out[i] = a[i] + b[i];
+        }
+        case 1u: {
+            out[i] = silu(a[i]) * b[i];
+        }
+        case 2u: {
+            out[i] = a[i] * sigmoid(b[i / p.per]);
+        }
+        default: {
+            out[i] = a[i] * softplus(b[i / p.per]);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+// `y [t, n] = x [t, k] W^T`, W in its stored form; one invocation per output (x: outputs, y: tokens).
+struct P { fmt: u32, n: u32, k: u32, b0: u32, b1: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> wv: array<u32>;
+@group(0) @binding(2) var<storage, read> ws: array<u32>;
+@group(0) @binding(3) var<storage, read> wg: array<f32>;
+@group(0) @binding(4) var<storage, read> xs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    let tok = gid.y;
+    if (r < p.n) {
+        y[tok * p.n + r] = wdot(Fmt(p.fmt, p.n, p.k, p.b0, p.b1), 0u, r, tok * p.k);
+    }
+}
