@@ -12,8 +12,8 @@
 use vt_core::backend::prelude::*;
 use vt_core::backend::Pick;
 use vt_core::{
-    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvSeq, Linear, NormKind, Rope, Router,
-    RouterKind, SharedExpert, Tensor,
+    AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvLayout, KvSeq, Linear, NormKind, Rope,
+    Router, RouterKind, SharedExpert, Tensor,
 };
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
