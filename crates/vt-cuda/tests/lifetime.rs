@@ -28,6 +28,13 @@ fn concurrent_engines_on_one_backend_compute_as_alone() {
     checks::concurrent_engines(arena);
 }
 
+#[test]
+fn sharing_cycles_give_all_memory_back() {
+    for pair in moe_pairs() {
+        checks::sharing_cycles(&arena(), &pair, 10);
+    }
+}
+
 /// Device bytes in use as the driver sees them, after the stream has drained.
 fn device_used(b: &CudaBackend) -> usize {
     b.synchronize().unwrap();

@@ -10,6 +10,7 @@ mod layer;
 mod mlp;
 mod moe;
 mod pool;
+mod share;
 mod state;
 
 use std::path::Path;

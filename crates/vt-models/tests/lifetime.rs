@@ -27,3 +27,8 @@ fn concurrent_engines_on_one_backend_compute_as_alone() {
 fn build_run_drop_cycles_give_all_memory_back() {
     check_each(&moe_pairs(), |pair| checks::build_run_drop_cycles(&arena(), pair, 100));
 }
+
+#[test]
+fn sharing_cycles_give_all_memory_back() {
+    check_each(&moe_pairs(), |pair| checks::sharing_cycles(&arena(), pair, 20));
+}

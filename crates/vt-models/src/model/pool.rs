@@ -115,6 +115,9 @@ pub struct PoolConfig {
     pub chunk: usize,
     /// The sequence length to size the groups for (the longest an engine allows).
     pub tokens: usize,
+    /// Delta-net slots beyond one per sequence, for snapshots of sequences' states (share.rs);
+    /// `bytes` holds them too.
+    pub snapshots: usize,
 }
 
 /// A pool's occupancy, summed over its groups.
@@ -250,14 +253,14 @@ impl<B: Backend> Model<B> {
         let l = &self.state_layout;
         let kv: usize = (0..l.windows.len()).map(|g| l.peak_blocks(g, tokens, chunk) * l.block_bytes[g]).sum();
         let slot = if l.gdn.is_empty() { 0 } else { l.slot_bytes };
-        PoolConfig { bytes: seqs * (kv + slot), seqs, chunk, tokens }
+        PoolConfig { bytes: seqs * (kv + slot), seqs, chunk, tokens, snapshots: 0 }
     }
 
     /// A pool of `config.bytes` for this model's sequence state (sized as the module says).
     pub fn new_pool(&self, config: &PoolConfig) -> Result<StatePool<B>> {
         let l = &self.state_layout;
         let seqs = config.seqs.max(1);
-        let slots = if l.gdn.is_empty() { 0 } else { seqs };
+        let slots = if l.gdn.is_empty() { 0 } else { seqs + config.snapshots };
         let kv_bytes = config.bytes.checked_sub(slots * l.slot_bytes).ok_or_else(|| {
             Error::input(format!(
                 "a state budget of {} bytes cannot hold {slots} linear-attention states of {} bytes",

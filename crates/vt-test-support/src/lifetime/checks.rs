@@ -3,7 +3,9 @@
 //! docs/lifetime.md says what each proves and how the mutation arm shows it can fail.
 
 use vt_core::Backend;
-use vt_models::Model;
+use vt_models::{Logits, Model, SeqState};
+
+use crate::argmax;
 
 use super::{assert_bit_identical, check_each, differs, expert_storage, moe_pairs, run, slots_empty, solo, Pair};
 
@@ -100,4 +102,59 @@ pub fn build_run_drop_cycles<B: Backend>(b: &B, pair: &Pair, cycles: usize) {
     );
     assert_eq!(end.peak_bytes, peak_after_warmup, "{}: peak memory grew over the cycles", pair.name);
     assert_bit_identical(&format!("{} long-lived engine", pair.name), &run(&resident, prompt, steps), &resident_run);
+}
+
+/// `cycles` build/run/drop cycles of `pair` (A and B alternately) whose sequences share state in
+/// one pool: a snapshot in a spare slot, a sequence started from it and the first one's blocks
+/// (it picks the first one's greedy ids), and a fork (likewise). Each cycle's pool ends with no
+/// block or slot taken once its sequences are gone, and bytes and blocks live end exactly at the
+/// baseline.
+pub fn sharing_cycles<B: Backend>(b: &B, pair: &Pair, cycles: usize) {
+    let baseline = b.memory();
+    for cycle in 0..cycles {
+        let model = Model::load(b, pair.dirs()[cycle % 2]).unwrap();
+        let pool = model.new_pool(&model.pool_config(4, 128, 128)).unwrap();
+        let block = pool.block_size();
+        let vocab = model.spec().vocab;
+        let prompt: Vec<u32> = (0..block + 3).map(|i| (i * 7 % vocab) as u32).collect();
+        let mut first = pool.new_state().unwrap();
+        model.forward(&prompt[..block], &mut first, Logits::Last).unwrap();
+        let snapshot = pool.has_slots().then(|| pool.take_slot().unwrap());
+        if let Some(s) = snapshot {
+            pool.snapshot(&first, s).unwrap();
+        }
+        let mut second = pool.new_state().unwrap();
+        if pool.shares_prefixes() {
+            pool.start_from(&mut second, &pool.blocks_of(&first, block).unwrap(), block, snapshot).unwrap();
+        } else {
+            model.forward(&prompt[..block], &mut second, Logits::Last).unwrap();
+        }
+        let next = |state: &mut SeqState<B>, ids: &[u32]| {
+            argmax(&b.to_f32(&model.forward(ids, state, Logits::Last).unwrap()).unwrap())
+        };
+        let want = next(&mut first, &prompt[block..]);
+        assert_eq!(next(&mut second, &prompt[block..]), want, "{} cycle {cycle}: the hit's greedy id", pair.name);
+        let mut fork = pool.new_state().unwrap();
+        pool.fork_into(&first, &mut fork).unwrap();
+        let after = next(&mut first, &[want]);
+        assert_eq!(next(&mut fork, &[want]), after, "{} cycle {cycle}: the fork's greedy id", pair.name);
+        drop((first, second, fork));
+        if let Some(s) = snapshot {
+            pool.free_slot(s);
+        }
+        let st = pool.stats();
+        assert_eq!(
+            (st.blocks_used, st.slots_used),
+            (0, 0),
+            "{} cycle {cycle}: the pool kept blocks or slots",
+            pair.name
+        );
+    }
+    let end = b.memory();
+    assert_eq!(
+        (end.bytes_live, end.blocks_live),
+        (baseline.bytes_live, baseline.blocks_live),
+        "{}: bytes and blocks live after {cycles} sharing cycles differ from the baseline",
+        pair.name
+    );
 }
