@@ -218,3 +218,137 @@ where
     }
     Ok(())
 }
+
+/// Workload 5(a) of #30: multi-turn conversations over one long shared prefix (a system prompt,
+/// tools), the pattern prefix caching is for.
+pub struct MultiTurn {
+    /// Tokens every conversation starts with.
+    pub prefix_len: usize,
+    pub conversations: usize,
+    /// Turns per conversation: each turn's prompt is the last one's, its reply and a new message.
+    pub turns: usize,
+    /// Tokens of each user message.
+    pub message_len: usize,
+    /// Tokens generated per turn.
+    pub gen_len: usize,
+    /// Most tokens a step runs (prompt chunks of the 64 conversations share it).
+    pub max_batch_tokens: usize,
+    /// Fraction of the device's memory the run may use (as `Shape`'s).
+    pub gpu_memory_utilization: f64,
+}
+
+/// Runs `w` once: every conversation's first turn is submitted at once (after one request of the
+/// prefix alone, which a served system prompt would have had long before), and each later turn
+/// as soon as that conversation's previous reply ends. Reports the time to first token of each
+/// turn, from its submission, over all conversations (p50, p99), and what the prefix cache hit.
+pub fn run_multi_turn<B: Backend>(model: Model<B>, w: &MultiTurn, prefix_cache: bool) -> Result<()>
+where
+    Model<B>: Send,
+{
+    use std::sync::{Arc, Mutex};
+    let vocab = model.spec().vocab as u32;
+    let tokens = |seed: usize, n: usize| -> Vec<u32> {
+        (0..n).map(|j| ((seed * 7919 + j * 104_729 + 13) % vocab as usize) as u32).collect()
+    };
+    let config = EngineConfig {
+        max_seqs: w.conversations,
+        max_batch_tokens: w.max_batch_tokens,
+        max_context: w.prefix_len + w.turns * (w.message_len + w.gen_len) + 1,
+        prefix_cache,
+        gpu_memory_utilization: w.gpu_memory_utilization,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(model, config)?;
+    // What each conversation's sink saw: when its first token came, and the tokens.
+    type Seen = Arc<Mutex<(Option<Instant>, Vec<u32>, bool)>>;
+    let submit = |engine: &mut Engine<B>, prompt: Vec<u32>| -> Result<(Seen, Instant)> {
+        let seen: Seen = Arc::default();
+        let s = seen.clone();
+        let sink = Box::new(move |e: vt::Event| {
+            let mut s = s.lock().expect("a sink's lock");
+            match e {
+                vt::Event::Token(t) => {
+                    s.0.get_or_insert_with(Instant::now);
+                    s.1.push(t);
+                }
+                vt::Event::Done(_) | vt::Event::Failed(_) => s.2 = true,
+                vt::Event::Logprobs(_) => {}
+            }
+            true
+        });
+        let req = Request { prompt, max_tokens: w.gen_len, sampling: SamplingParams::greedy(), ..Default::default() };
+        engine.add(req, sink).map_err(|e| vt::Error::input(format!("{e}")))?;
+        Ok((seen, Instant::now()))
+    };
+    let prefix = tokens(0, w.prefix_len);
+    let (warm, _) = submit(&mut engine, [prefix.clone(), tokens(1, w.message_len)].concat())?;
+    while engine.has_work() {
+        engine.step();
+    }
+    drop(warm);
+    let mut prompts: Vec<Vec<u32>> =
+        (0..w.conversations).map(|c| [prefix.clone(), tokens(100 + c, w.message_len)].concat()).collect();
+    let mut ttft: Vec<Vec<f64>> = vec![Vec::new(); w.turns];
+    let mut live: Vec<Option<(Seen, Instant, usize)>> = Vec::with_capacity(w.conversations);
+    for p in &prompts {
+        let (seen, at) = submit(&mut engine, p.clone())?;
+        live.push(Some((seen, at, 0)));
+    }
+    let started = Instant::now();
+    while engine.has_work() {
+        engine.step();
+        for (c, slot) in live.iter_mut().enumerate() {
+            let Some((seen, at, turn)) = slot.take() else { continue };
+            let (first, reply, done) = seen.lock().expect("a sink's lock").clone();
+            if !done {
+                *slot = Some((seen, at, turn));
+                continue;
+            }
+            let first = first.ok_or_else(|| vt::Error::input(format!("conversation {c} turn {turn} failed")))?;
+            ttft[turn].push(first.duration_since(at).as_secs_f64());
+            if turn + 1 < w.turns {
+                let next =
+                    [std::mem::take(&mut prompts[c]), reply, tokens(1000 * (turn + 2) + c, w.message_len)].concat();
+                prompts[c] = next.clone();
+                let (seen, at) = submit(&mut engine, next)?;
+                *slot = Some((seen, at, turn + 1));
+            }
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let pct = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0) * 1e3;
+    println!(
+        "multi-turn: {}-token shared prefix, {} conversations x {} turns, {}-token messages, {} generated per turn, {} tokens a step, prefix cache {}; {wall:.2} s",
+        w.prefix_len,
+        w.conversations,
+        w.turns,
+        w.message_len,
+        w.gen_len,
+        w.max_batch_tokens,
+        if prefix_cache { "on" } else { "off" }
+    );
+    for (turn, v) in ttft.iter_mut().enumerate() {
+        v.sort_by(f64::total_cmp);
+        println!(
+            "turn {}: TTFT p50 {:>9.1} ms, p99 {:>9.1} ms ({} requests)",
+            turn + 1,
+            pct(v, 0.5),
+            pct(v, 0.99),
+            v.len()
+        );
+    }
+    let mut all: Vec<f64> = ttft.concat();
+    all.sort_by(f64::total_cmp);
+    println!("all turns: TTFT p50 {:>9.1} ms, p99 {:>9.1} ms", pct(&all, 0.5), pct(&all, 0.99));
+    let st = engine.prefix_stats();
+    println!(
+        "prefix cache: {} of {} lookups hit, {} of {} prompt tokens served from it ({:.1}%), {} blocks cached",
+        st.hits,
+        st.lookups,
+        st.hit_tokens,
+        st.prompt_tokens,
+        100.0 * st.hit_tokens as f64 / st.prompt_tokens.max(1) as f64,
+        engine.cached_blocks()
+    );
+    Ok(())
+}

@@ -113,6 +113,10 @@ struct EngineArgs {
     /// where --memory-budget-mib is unset.
     #[arg(long, default_value_t = 0.9, value_parser = fraction)]
     gpu_memory_utilization: f64,
+    /// Recompute every prompt from its first token: no prefix cache (finished prefixes' KV blocks
+    /// and linear-attention snapshots kept for prompts that start with them).
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Longest sequence (prompt plus generated tokens); the checkpoint's max_position_embeddings
     /// (or 4096 where it states none) if unset, and never more.
     #[arg(long, value_parser = count(2, MAX_TOKENS))]
@@ -254,6 +258,20 @@ enum Command {
         /// on the CPU), to measure its cost against a run without it; needs tokenizer.json.
         #[arg(long)]
         json_schema: Option<PathBuf>,
+        /// Run the multi-turn workload instead: conversations that share a prefix of this many
+        /// tokens, each turn a `--prompt-len`-token message and a `--gen-len`-token reply; reports
+        /// time to first token (p50, p99) and the prefix cache's hits.
+        #[arg(long, value_parser = count(1, 1 << 20))]
+        shared_prefix: Option<usize>,
+        /// Conversations of the multi-turn workload, all started at once.
+        #[arg(long, default_value_t = 64, value_parser = count(1, 4096))]
+        conversations: usize,
+        /// Turns per conversation of the multi-turn workload.
+        #[arg(long, default_value_t = 2, value_parser = count(1, 1024))]
+        turns: usize,
+        /// Run the multi-turn workload without prefix caching (the cold figures).
+        #[arg(long)]
+        no_prefix_cache: bool,
     },
 }
 
@@ -463,6 +481,7 @@ where
                 memory_budget: engine.memory_budget_mib.map(|mb| mb << 20),
                 gpu_memory_utilization: engine.gpu_memory_utilization,
                 max_context,
+                prefix_cache: !engine.no_prefix_cache,
             };
             let name = serve.served_model_name.clone().unwrap_or_else(|| {
                 let dir = dir.canonicalize().unwrap_or(dir.clone());
@@ -496,10 +515,27 @@ where
             unrecorded,
             json_schema,
             gpu_memory_utilization,
+            shared_prefix,
+            conversations,
+            turns,
+            no_prefix_cache,
         } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!unrecorded);
+            if let Some(prefix_len) = *shared_prefix {
+                let w = bench::MultiTurn {
+                    prefix_len,
+                    conversations: *conversations,
+                    turns: *turns,
+                    message_len: *prompt_len,
+                    gen_len: *gen_len,
+                    max_batch_tokens: 8192,
+                    gpu_memory_utilization: *gpu_memory_utilization,
+                };
+                bench::run_multi_turn(m, &w, !no_prefix_cache)?;
+                return Ok(());
+            }
             let bandwidth = match model.backend {
                 BackendKind::Cpu => bench::host_copy_bandwidth(),
                 BackendKind::Cuda | BackendKind::Wgpu => bench::copy_bandwidth(backend)?,

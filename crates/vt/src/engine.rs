@@ -11,7 +11,7 @@
 //! sizes; any other waits.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
@@ -21,6 +21,8 @@ use vt_core::{Backend, Error};
 use vt_models::{Model, ModelSpec, PoolConfig, PoolShape, PoolStats, SeqState, StatePool};
 
 use crate::grammar::{Grammar, TokenMask};
+use crate::prefix_cache::{PrefixCache, SeqPrefix};
+pub use crate::prefix_index::PrefixStats;
 use crate::sampling::{token_logprobs, Sampler, SamplingParams, TokenLogprobs};
 
 #[derive(Clone, Debug)]
@@ -41,6 +43,9 @@ pub struct EngineConfig {
     pub gpu_memory_utilization: f64,
     /// Longest sequence, prompt plus generated tokens (the checkpoint's `max_position_embeddings`).
     pub max_context: usize,
+    /// Keep finished prefixes' KV blocks and linear-attention snapshots for later prompts that
+    /// start with them (`prefix_cache.rs`); models with sliding-window layers cache nothing.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +57,7 @@ impl Default for EngineConfig {
             memory_budget: None,
             gpu_memory_utilization: 0.9,
             max_context: 4096,
+            prefix_cache: true,
         }
     }
 }
@@ -145,6 +151,30 @@ impl Limits {
         self.config.max_queue + self.config.max_seqs.max(1).saturating_sub(running)
     }
 
+    /// A checked request with one choice per sink, choice `i` sampling with seed `seed + i`.
+    fn waiting(&self, req: Request, sinks: Vec<Sink>) -> Result<(Waiting, Vec<CancelToken>), SubmitError> {
+        let max_gen = self.admit(&req)?;
+        if sinks.is_empty() || sinks.len() > self.config.max_seqs {
+            return Err(SubmitError::Invalid(Error::input(format!(
+                "{} choices: a request has from 1 to max_seqs ({}) choices",
+                sinks.len(),
+                self.config.max_seqs
+            ))));
+        }
+        let cancels: Vec<CancelToken> = sinks.iter().map(|_| CancelToken::default()).collect();
+        let mut sinks = sinks.into_iter().zip(cancels.iter().cloned());
+        let (sink, cancel) = sinks.next().expect("a choice");
+        let forks = (sinks.enumerate())
+            .map(|(i, (sink, cancel))| {
+                let mut sampling = req.sampling.clone();
+                sampling.seed = sampling.seed.wrapping_add(i as u64 + 1);
+                let sampler = Sampler::new(sampling, &req.prompt).map_err(SubmitError::Invalid)?;
+                Ok(Fork { sink, cancel, sampler })
+            })
+            .collect::<Result<Vec<_>, SubmitError>>()?;
+        Ok((Waiting { req, sink, cancel, max_gen, forks }, cancels))
+    }
+
     /// Checks a request; returns the tokens it may generate.
     fn admit(&self, req: &Request) -> Result<usize, SubmitError> {
         let invalid = |m: String| Err(SubmitError::Invalid(Error::input(m)));
@@ -174,6 +204,18 @@ struct Waiting {
     sink: Sink,
     cancel: CancelToken,
     max_gen: usize,
+    /// The request's further choices.
+    forks: Vec<Fork>,
+}
+
+/// A further choice of a request (`n > 1`): it shares the first choice's prefill, forking from
+/// it when the prompt has run (the pool shares the blocks and copies the linear-attention state),
+/// and samples with its own seed. A choice cancelled before the fork just ends; the first
+/// choice's cancellation before it cancels them all.
+struct Fork {
+    sink: Sink,
+    cancel: CancelToken,
+    sampler: Sampler,
 }
 
 struct Running<B: Backend> {
@@ -189,12 +231,94 @@ struct Running<B: Backend> {
     logprobs: Option<usize>,
     generated: usize,
     max_gen: usize,
+    /// Its part in the prefix cache.
+    prefix: SeqPrefix,
+    /// Further choices of its request, until its prompt has run.
+    forks: Vec<Fork>,
 }
 
 impl<B: Backend> Running<B> {
     /// Tokens not yet in the state.
     fn pending(&self) -> &[u32] {
         &self.tokens[self.state.len()..]
+    }
+
+    /// Takes this sequence's next token from row `row` of `picks` (its logits masked by `mask`
+    /// where it has a grammar) and sends it; returns the event that ends the sequence, if it ends.
+    fn pick(
+        &mut self,
+        picks: &Picks,
+        row: usize,
+        mask: Option<crate::Result<TokenMask>>,
+        vocab: usize,
+    ) -> Option<Event> {
+        let (id, logprobs) = match picks {
+            Picks::Ids(picks, lps) => {
+                let pick = picks[row];
+                match mask {
+                    _ if !pick.finite => return Some(Event::Failed(non_finite_row().to_string())),
+                    Some(Err(e)) => return Some(Event::Failed(e.to_string())),
+                    _ => {}
+                }
+                let lp = self.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
+                    let mut lp = lps[row].clone();
+                    lp.top.truncate(k);
+                    lp
+                });
+                (self.sampler.accept(pick.id), lp)
+            }
+            Picks::Logits(logits) => {
+                let raw = &logits[row * vocab..(row + 1) * vocab];
+                if let Err(e) = vt_core::backend::check_finite(raw) {
+                    return Some(Event::Failed(e.to_string()));
+                }
+                let id = match mask {
+                    None => self.sampler.sample(raw),
+                    Some(Ok(mask)) => {
+                        let mut masked = raw.to_vec();
+                        mask.apply(&mut masked);
+                        self.sampler.sample(&masked)
+                    }
+                    Some(Err(e)) => {
+                        return Some(Event::Failed(e.to_string()));
+                    }
+                };
+                (id, self.logprobs.map(|k| token_logprobs(raw, id, k)))
+            }
+        };
+        if let Some(Err(e)) = self.grammar.as_mut().map(|g| g.accept(id)) {
+            return Some(Event::Failed(e.to_string()));
+        }
+        self.generated += 1;
+        let sent = logprobs.is_none_or(|lp| (self.sink)(Event::Logprobs(lp)));
+        if !sent || !(self.sink)(Event::Token(id)) {
+            Some(Event::Done(Finish::Cancelled))
+        } else if self.stop_token_ids.contains(&id) {
+            Some(Event::Done(Finish::Stop))
+        } else if self.generated >= self.max_gen {
+            Some(Event::Done(Finish::Length))
+        } else {
+            self.tokens.push(id);
+            None
+        }
+    }
+
+    /// A further choice of this request, starting from `state` (a fork of this one's).
+    fn fork(&self, f: Fork, state: SeqState<B>) -> Running<B> {
+        Running {
+            sink: f.sink,
+            cancel: f.cancel,
+            state,
+            sampler: f.sampler,
+            tokens: self.tokens.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            grammar: self.grammar.clone(),
+            logprobs: self.logprobs,
+            generated: 0,
+            max_gen: self.max_gen,
+            prefix: self.prefix.fork(),
+            forks: Vec::new(),
+        }
     }
 }
 
@@ -218,6 +342,8 @@ pub struct Engine<B: Backend> {
     /// each keeps its linear-attention slot and its recorded decode step, so the request that
     /// takes it allocates and records nothing. At most `max_seqs` with the running ones.
     spare: Vec<SeqState<B>>,
+    /// Prefixes of earlier sequences, where the config and the model allow.
+    prefix: Option<PrefixCache>,
     /// What a handle reads of this engine between steps.
     shared: Arc<Shared>,
 }
@@ -234,6 +360,12 @@ struct Shared {
     blocks_total: AtomicUsize,
     /// Sequences preempted so far.
     preemptions: AtomicUsize,
+    /// The prefix cache's counts (`PrefixStats`) and blocks.
+    prefix_lookups: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_prompt_tokens: AtomicU64,
+    prefix_hit_tokens: AtomicU64,
+    prefix_blocks: AtomicUsize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -244,7 +376,18 @@ impl<B: Backend> Engine<B> {
         config.max_batch_tokens = config.max_batch_tokens.max(1);
         config.max_seqs = config.max_seqs.max(1);
         // The pool for `max_seqs` sequences of the longest context; its bytes are the host's default.
+        // Beside them, spare linear-attention slots for the prefix cache's snapshots: one per
+        // running sequence (its latest while it decodes), and as many again cached.
+        let snapshots = if config.prefix_cache { 2 * config.max_seqs } else { 0 };
         let sized = model.pool_config(config.max_seqs, config.max_context, config.max_batch_tokens);
+        let slot_bytes = model.pool_config(1, 0, config.max_batch_tokens).bytes.max(1);
+        // A budget given in bytes holds the sequences first; snapshots get what it leaves.
+        let snapshots = match config.memory_budget {
+            Some(bytes) => snapshots.min(bytes.saturating_sub(sized.bytes) / slot_bytes),
+            None => snapshots,
+        };
+        let snapshot_bytes = model.pool_config(snapshots, 0, config.max_batch_tokens).bytes;
+        let sized = PoolConfig { bytes: sized.bytes + snapshot_bytes, snapshots, ..sized };
         let bytes = match config.memory_budget {
             Some(bytes) => bytes,
             None => match model.backend().device_memory()? {
@@ -264,6 +407,7 @@ impl<B: Backend> Engine<B> {
             },
         };
         let pool = model.new_pool(&PoolConfig { bytes, ..sized })?;
+        let prefix = if config.prefix_cache { PrefixCache::new(&pool, snapshots) } else { None };
         let limits = Limits { spec: model.spec().clone(), pool: pool.shape(), config };
         limits.pool.check_fits(2, limits.config.max_batch_tokens)?;
         let engine = Engine {
@@ -273,6 +417,7 @@ impl<B: Backend> Engine<B> {
             running: Vec::new(),
             pool,
             spare: Vec::new(),
+            prefix,
             shared: Arc::default(),
         };
         engine.publish();
@@ -285,13 +430,18 @@ impl<B: Backend> Engine<B> {
 
     /// Queues a request; its events go to `sink` as steps run.
     pub fn add(&mut self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
+        self.add_choices(req, vec![sink]).map(|mut c| c.remove(0))
+    }
+
+    /// Queues a request of one choice per sink (`n`), which share its prefill; choice `i`
+    /// samples with seed `req.sampling.seed + i`.
+    pub fn add_choices(&mut self, req: Request, sinks: Vec<Sink>) -> Result<Vec<CancelToken>, SubmitError> {
         if self.waiting.len() >= self.limits.waiting_room(self.running.len()) {
             return Err(SubmitError::QueueFull);
         }
-        let max_gen = self.limits.admit(&req)?;
-        let cancel = CancelToken::default();
-        self.waiting.push_back(Waiting { req, sink, cancel: cancel.clone(), max_gen });
-        Ok(cancel)
+        let (w, cancels) = self.limits.waiting(req, sinks)?;
+        self.waiting.push_back(w);
+        Ok(cancels)
     }
 
     pub fn has_work(&self) -> bool {
@@ -316,6 +466,16 @@ impl<B: Backend> Engine<B> {
     /// Sequences preempted so far (their blocks freed, their tokens recomputed).
     pub fn preemptions(&self) -> usize {
         self.shared.preemptions.load(Ordering::Relaxed)
+    }
+
+    /// The prefix cache's counts so far (zeros when it is off).
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix.as_ref().map(PrefixCache::stats).unwrap_or_default()
+    }
+
+    /// KV blocks the prefix cache holds.
+    pub fn cached_blocks(&self) -> usize {
+        self.prefix.as_ref().map_or(0, PrefixCache::blocks)
     }
 
     /// One batched forward over the running sequences (admitting waiting ones first).
@@ -385,70 +545,51 @@ impl<B: Backend> Engine<B> {
         };
         let mut row = 0;
         let mut events: Vec<Option<Event>> = vec![None; self.running.len()];
+        let mut forked = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             if take[i] == 0 {
                 continue;
             }
             row += 1;
+            if let Some(cache) = &mut self.prefix {
+                if let Err(e) = cache.after_step(&self.pool, &s.state, &s.tokens, &mut s.prefix) {
+                    events[i] = Some(Event::Failed(e.to_string()));
+                    continue;
+                }
+            }
             if !s.pending().is_empty() {
                 continue; // mid-prompt: this chunk's logits are not needed
             }
-            let (id, logprobs) = match &picks {
-                Picks::Ids(picks, lps) => {
-                    let pick = picks[row - 1];
-                    let failed = match masks[i].take() {
-                        _ if !pick.finite => Some(non_finite_row().to_string()),
-                        Some(Err(e)) => Some(e.to_string()),
-                        _ => None,
-                    };
-                    if let Some(msg) = failed {
-                        events[i] = Some(Event::Failed(msg));
-                        continue;
-                    }
-                    let lp = s.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
-                        let mut lp = lps[row - 1].clone();
-                        lp.top.truncate(k);
-                        lp
-                    });
-                    (s.sampler.accept(pick.id), lp)
+            // The request's further choices fork off here and take this row too; they copy the
+            // grammar before this choice's token moves it.
+            for f in std::mem::take(&mut s.forks) {
+                if f.cancel.is_cancelled() {
+                    let mut sink = f.sink;
+                    sink(Event::Done(Finish::Cancelled));
+                    continue;
                 }
-                Picks::Logits(logits) => {
-                    let raw = &logits[(row - 1) * vocab..row * vocab];
-                    if let Err(e) = vt_core::backend::check_finite(raw) {
-                        events[i] = Some(Event::Failed(e.to_string()));
-                        continue;
+                let child = self.spare.pop().map_or_else(|| self.pool.new_state(), Ok).and_then(|mut state| {
+                    self.pool.fork_into(&s.state, &mut state)?;
+                    Ok(state)
+                });
+                match child {
+                    Ok(state) => forked.push((s.fork(f, state), row - 1)),
+                    Err(e) => {
+                        let mut sink = f.sink;
+                        sink(Event::Failed(e.to_string()));
                     }
-                    let id = match masks[i].take() {
-                        None => s.sampler.sample(raw),
-                        Some(Ok(mask)) => {
-                            let mut masked = raw.to_vec();
-                            mask.apply(&mut masked);
-                            s.sampler.sample(&masked)
-                        }
-                        Some(Err(e)) => {
-                            events[i] = Some(Event::Failed(e.to_string()));
-                            continue;
-                        }
-                    };
-                    (id, s.logprobs.map(|k| token_logprobs(raw, id, k)))
                 }
-            };
-            if let Some(Err(e)) = s.grammar.as_mut().map(|g| g.accept(id)) {
-                events[i] = Some(Event::Failed(e.to_string()));
-                continue;
             }
-            s.generated += 1;
-            let sent = logprobs.is_none_or(|lp| (s.sink)(Event::Logprobs(lp)));
-            events[i] = if !sent || !(s.sink)(Event::Token(id)) {
-                Some(Event::Done(Finish::Cancelled))
-            } else if s.stop_token_ids.contains(&id) {
-                Some(Event::Done(Finish::Stop))
-            } else if s.generated >= s.max_gen {
-                Some(Event::Done(Finish::Length))
-            } else {
-                s.tokens.push(id);
-                None
+            events[i] = s.pick(&picks, row - 1, masks[i].take(), vocab);
+        }
+        for (mut child, r) in forked {
+            // Greedy picks were made under the first choice's mask, which a fork's is.
+            let mask = match picks {
+                Picks::Ids(..) => None,
+                Picks::Logits(_) => child.grammar.as_mut().map(|g| g.mask()),
             };
+            events.push(child.pick(&picks, r, mask, vocab));
+            self.running.push(child);
         }
         self.finish_where(true, |_, i| events[i].take());
         ran
@@ -461,7 +602,16 @@ impl<B: Backend> Engine<B> {
         for (i, mut s) in std::mem::take(&mut self.running).into_iter().enumerate() {
             match done(&s, i) {
                 Some(ev) => {
+                    for mut f in s.forks.drain(..) {
+                        (f.sink)(ev.clone());
+                    }
                     (s.sink)(ev);
+                    if let Some(cache) = &mut self.prefix {
+                        // An intact state's latest snapshot is cached; a failed one's is not.
+                        if !reuse || cache.finish(&self.pool, &s.state, &s.tokens, &mut s.prefix).is_err() {
+                            cache.forget(&self.pool, &mut s.prefix);
+                        }
+                    }
                     if reuse && self.model.reset_state(&mut s.state).is_ok() {
                         self.spare.push(s.state);
                     }
@@ -478,6 +628,13 @@ impl<B: Backend> Engine<B> {
         self.shared.running.store(self.running.len(), Ordering::Relaxed);
         self.shared.blocks_used.store(stats.blocks_used, Ordering::Relaxed);
         self.shared.blocks_total.store(stats.blocks_total, Ordering::Relaxed);
+        let p = self.prefix_stats();
+        let sh = &self.shared;
+        sh.prefix_lookups.store(p.lookups, Ordering::Relaxed);
+        sh.prefix_hits.store(p.hits, Ordering::Relaxed);
+        sh.prefix_prompt_tokens.store(p.prompt_tokens, Ordering::Relaxed);
+        sh.prefix_hit_tokens.store(p.hit_tokens, Ordering::Relaxed);
+        sh.prefix_blocks.store(self.cached_blocks(), Ordering::Relaxed);
     }
 
     fn drop_cancelled(&mut self) {
@@ -486,6 +643,9 @@ impl<B: Backend> Engine<B> {
         self.waiting.retain_mut(|w| {
             let cancelled = w.cancel.is_cancelled();
             if cancelled {
+                for f in &mut w.forks {
+                    (f.sink)(Event::Done(Finish::Cancelled));
+                }
                 (w.sink)(Event::Done(Finish::Cancelled));
             }
             !cancelled
@@ -504,7 +664,18 @@ impl<B: Backend> Engine<B> {
         let mut failed: Vec<Option<Event>> = vec![None; self.running.len()];
         let mut preempted = false;
         for i in vt_models::decode_first(self.running.iter().map(|s| s.pending().len())) {
-            let want = self.running[i].pending().len().min(budget);
+            let s = &mut self.running[i];
+            if let (true, Some(cache)) = (s.state.is_empty(), &mut self.prefix) {
+                // Preempted: it starts again, from what the cache has of it.
+                match cache.start(&self.pool, &mut s.state, &s.tokens) {
+                    Ok(p) => s.prefix = p,
+                    Err(e) => {
+                        failed[i] = Some(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                }
+            }
+            let want = s.prefix.cap(s.state.len(), s.pending().len().min(budget));
             if want == 0 {
                 continue;
             }
@@ -512,6 +683,11 @@ impl<B: Backend> Engine<B> {
                 s.state.blocks_to_run(n).iter().zip(free).all(|(a, f)| a <= f)
             };
             while !fits(&self.running[i], want, &free) {
+                // Cached blocks no sequence holds go first.
+                if self.prefix.as_mut().is_some_and(|c| c.evict_one(&self.pool)) {
+                    free[0] += 1;
+                    continue;
+                }
                 // The newest sequence after `i` that holds blocks or is scheduled to take some.
                 let Some(j) = (i + 1..self.running.len())
                     .rev()
@@ -530,6 +706,9 @@ impl<B: Backend> Engine<B> {
                 }
                 budget += take[j];
                 take[j] = 0;
+                if let Some(cache) = &mut self.prefix {
+                    cache.forget(&self.pool, &mut victim.prefix);
+                }
                 if let Err(e) = self.model.reset_state(&mut victim.state) {
                     // It cannot be emptied: it fails, and its blocks go with its state.
                     failed[j] = Some(Event::Failed(e.to_string()));
@@ -562,20 +741,41 @@ impl<B: Backend> Engine<B> {
         let chunk = self.limits.config.max_batch_tokens;
         while self.running.len() < self.limits.config.max_seqs && *budget > 0 {
             let Some(w) = self.waiting.front() else { break };
-            let need = self.limits.pool.peak_blocks(w.req.prompt.len(), chunk);
-            if need.iter().zip(free.iter()).any(|(n, f)| n > f) {
+            // Every choice of the request takes a sequence once its prompt has run.
+            let forking: usize = self.running.iter().map(|s| s.forks.len()).sum();
+            if self.running.len() + forking + 1 + w.forks.len() > self.limits.config.max_seqs {
+                break;
+            }
+            // Blocks the prompt takes beyond what it finds cached; cached blocks no sequence
+            // holds are evicted to make room.
+            let fits = loop {
+                let mut need = self.limits.pool.peak_blocks(w.req.prompt.len(), chunk);
+                if let Some(c) = &self.prefix {
+                    need[0] -= c.cached_len(&w.req.prompt) / c.block_size();
+                }
+                if need.iter().zip(free.iter()).all(|(n, f)| n <= f) {
+                    break true;
+                }
+                if !self.prefix.as_mut().is_some_and(|c| c.evict_one(&self.pool)) {
+                    break false;
+                }
+                free[0] += 1;
+            };
+            if !fits {
                 break;
             }
             let mut w = self.waiting.pop_front().expect("front exists");
             self.shared.admitted.fetch_add(1, Ordering::Relaxed);
-            let started = self
-                .spare
-                .pop()
-                .map_or_else(|| self.pool.new_state(), Ok)
-                .and_then(|state| Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?)));
+            let started = self.spare.pop().map_or_else(|| self.pool.new_state(), Ok).and_then(|mut state| {
+                let prefix = match &mut self.prefix {
+                    Some(c) => c.start(&self.pool, &mut state, &w.req.prompt)?,
+                    None => SeqPrefix::default(),
+                };
+                Ok((state, Sampler::new(w.req.sampling.clone(), &w.req.prompt)?, prefix))
+            });
             match started {
-                Ok((state, sampler)) => {
-                    let n = w.req.prompt.len().min(*budget);
+                Ok((state, sampler, prefix)) => {
+                    let n = prefix.cap(state.len(), (w.req.prompt.len() - state.len()).min(*budget));
                     for (f, more) in free.iter_mut().zip(state.blocks_to_run(n)) {
                         *f -= more;
                     }
@@ -592,9 +792,14 @@ impl<B: Backend> Engine<B> {
                         logprobs: w.req.logprobs,
                         generated: 0,
                         max_gen: w.max_gen,
+                        prefix,
+                        forks: w.forks,
                     });
                 }
                 Err(e) => {
+                    for f in &mut w.forks {
+                        (f.sink)(Event::Failed(e.to_string()));
+                    }
                     (w.sink)(Event::Failed(e.to_string()));
                 }
             }
@@ -700,17 +905,32 @@ impl EngineHandle {
         self.shared.preemptions.load(Ordering::Relaxed)
     }
 
+    /// The prefix cache's counts and the blocks it holds, at the last step.
+    pub fn prefix_cache(&self) -> (PrefixStats, usize) {
+        let sh = &self.shared;
+        let stats = PrefixStats {
+            lookups: sh.prefix_lookups.load(Ordering::Relaxed),
+            hits: sh.prefix_hits.load(Ordering::Relaxed),
+            prompt_tokens: sh.prefix_prompt_tokens.load(Ordering::Relaxed),
+            hit_tokens: sh.prefix_hit_tokens.load(Ordering::Relaxed),
+        };
+        (stats, sh.prefix_blocks.load(Ordering::Relaxed))
+    }
+
     pub fn submit(&self, req: Request, sink: Sink) -> Result<CancelToken, SubmitError> {
-        let max_gen = self.limits.admit(&req)?;
+        self.submit_choices(req, vec![sink]).map(|mut c| c.remove(0))
+    }
+
+    /// Submits a request of one choice per sink (`Engine::add_choices`).
+    pub fn submit_choices(&self, req: Request, sinks: Vec<Sink>) -> Result<Vec<CancelToken>, SubmitError> {
+        let (w, cancels) = self.limits.waiting(req, sinks)?;
         if self.queued() >= self.limits.waiting_room(self.running()) {
             return Err(SubmitError::QueueFull);
         }
-        let cancel = CancelToken::default();
-        let w = Waiting { req, sink, cancel: cancel.clone(), max_gen };
         let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
         tx.send(Msg::Add(Box::new(w))).map_err(|_| SubmitError::Closed)?;
         self.submitted.fetch_add(1, Ordering::Relaxed);
-        Ok(cancel)
+        Ok(cancels)
     }
 }
 

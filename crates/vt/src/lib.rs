@@ -16,6 +16,7 @@ pub mod chat;
 pub mod engine;
 mod generate;
 pub mod grammar;
+mod prefix_cache;
 pub mod prefix_index;
 pub mod reasoning;
 pub mod sampling;

@@ -142,15 +142,11 @@ impl<B: Copy, S: Copy> PrefixIndex<B, S> {
         }
     }
 
-    /// The longest cached prefix of `prompt` that ends in a snapshot and leaves at least one
-    /// token of it to run (the last prompt token must be computed for its logits). Counts the
-    /// lookup, and marks what it used as recently used.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<B, S>> {
-        self.stats.lookups += 1;
-        self.stats.prompt_tokens += prompt.len() as u64;
-        let mut path = Vec::new();
-        let mut best = None;
-        let mut parent = None;
+    /// The keys of the longest cached prefix of `prompt` that leaves at least one token of it to
+    /// run (the last prompt token must be computed for its logits), and how many of them lead to
+    /// the last one with a snapshot.
+    fn walk(&self, prompt: &[u32]) -> (Vec<u64>, usize) {
+        let (mut path, mut best, mut parent) = (Vec::new(), 0, None);
         for (i, tokens) in prompt.chunks_exact(self.block).enumerate() {
             if (i + 1) * self.block >= prompt.len() {
                 break;
@@ -158,20 +154,40 @@ impl<B: Copy, S: Copy> PrefixIndex<B, S> {
             let Some(key) = self.find(parent, tokens) else { break };
             path.push(key);
             if self.entries[&key].snapshot.is_some() {
-                best = Some(path.len());
+                best = path.len();
             }
             parent = Some(key);
         }
-        let n = best?;
-        path.truncate(n);
+        (path, best)
+    }
+
+    /// Tokens of `prompt` that `lookup` would find cached (nothing counted or marked used).
+    pub fn peek(&self, prompt: &[u32]) -> usize {
+        self.walk(prompt).1 * self.block
+    }
+
+    /// Tokens of `prompt` whose blocks are cached, snapshot or not, short of its last token:
+    /// where a prompt that goes on differently from a cached one leaves it (a snapshot there
+    /// lets later prompts with that prefix hit).
+    pub fn matched(&self, prompt: &[u32]) -> usize {
+        self.walk(prompt).0.len() * self.block
+    }
+
+    /// The longest cached prefix of `prompt` that ends in a snapshot and leaves at least one
+    /// token of it to run. Counts the lookup, and marks what it used as recently used.
+    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<B, S>> {
+        self.stats.lookups += 1;
+        self.stats.prompt_tokens += prompt.len() as u64;
+        let (mut path, best) = self.walk(prompt);
+        path.truncate(best);
+        let last = *path.last()?;
         for &key in &path {
             self.touch(key);
         }
-        let last = &self.entries[&path[n - 1]];
         let hit = Hit {
-            tokens: n * self.block,
+            tokens: path.len() * self.block,
             blocks: path.iter().map(|k| self.entries[k].block).collect(),
-            snapshot: last.snapshot.expect("the hit ends in a snapshot"),
+            snapshot: self.entries[&last].snapshot.expect("the hit ends in a snapshot"),
         };
         self.stats.hits += 1;
         self.stats.hit_tokens += hit.tokens as u64;
@@ -251,13 +267,6 @@ impl<B: Copy, S: Copy> PrefixIndex<B, S> {
         let (_, key) = self.snapshots.pop_first()?;
         self.entries.get_mut(&key).expect("a snapshot's entry").snapshot.take()
     }
-
-    /// Removes everything, giving back every block and snapshot.
-    pub fn clear(&mut self) -> Vec<Evicted<B, S>> {
-        self.leaves.clear();
-        self.snapshots.clear();
-        self.entries.drain().map(|(_, e)| Evicted { block: e.block, snapshot: e.snapshot }).collect()
-    }
 }
 
 #[cfg(test)]
@@ -279,6 +288,8 @@ mod tests {
         assert_eq!(ins, Inserted { taken: vec![12], unused: None }, "cached blocks stay, new ones are taken");
         assert_eq!(ix.blocks(), 3);
         // The same prompt: the last block would leave nothing to run, so the hit stops at 8.
+        assert_eq!(ix.peek(&p), 8);
+        assert_eq!(ix.matched(&p), 8, "the last block would leave nothing to run");
         assert_eq!(ix.lookup(&p), Some(Hit { tokens: 8, blocks: vec![10, 11], snapshot: 100 }));
         let mut longer = p.clone();
         longer.push(5);
@@ -299,6 +310,7 @@ mod tests {
         let mut ix = PrefixIndex::<u32, u32>::new(4);
         let p = seq(9, 3);
         ix.insert(&p[..8], &[1, 2], None);
+        assert_eq!((ix.peek(&p), ix.matched(&p)), (0, 8));
         assert_eq!(ix.lookup(&p), None);
         // A second insert of the same blocks brings the snapshot; the blocks are not taken twice.
         assert_eq!(ix.insert(&p[..8], &[3, 4], Some(7)), Inserted { taken: vec![], unused: None });
@@ -356,17 +368,5 @@ mod tests {
         assert_eq!(ix.blocks(), 4);
         assert_eq!(ix.evict_snapshot(), Some(10));
         assert_eq!(ix.evict_snapshot(), None);
-    }
-
-    #[test]
-    fn clear_gives_everything_back() {
-        let mut ix = PrefixIndex::<u32, u32>::new(2);
-        ix.insert(&seq(4, 0), &[1, 2], Some(10));
-        ix.insert(&seq(2, 9), &[3], None);
-        let mut all: Vec<_> = ix.clear().into_iter().map(|e| (e.block, e.snapshot)).collect();
-        all.sort();
-        assert_eq!(all, vec![(1, None), (2, Some(10)), (3, None)]);
-        assert_eq!((ix.blocks(), ix.snapshots()), (0, 0));
-        assert!(ix.lookup(&seq(5, 0)).is_none());
     }
 }

@@ -212,8 +212,15 @@ fn a_small_pool_admits_by_blocks_and_preempts_to_the_same_tokens() {
         let block = vt_core::KvOps::kv_block_size(model.backend());
         assert!(10 < block && 10 + GEN > block, "the test assumes 16-position blocks, not {block}");
         let budget = model.pool_config(4, block, 512).bytes;
-        let config =
-            EngineConfig { max_seqs: 4, max_context: 64 * block, memory_budget: Some(budget), ..Default::default() };
+        // Without the prefix cache: its snapshot slots would take from the budget, and its blocks
+        // would stay used at the end.
+        let config = EngineConfig {
+            max_seqs: 4,
+            max_context: 64 * block,
+            memory_budget: Some(budget),
+            prefix_cache: false,
+            ..Default::default()
+        };
         let mut engine = Engine::new(model, config).unwrap();
         let total = engine.pool_stats().blocks_total;
         let logs: Vec<Log> = ps

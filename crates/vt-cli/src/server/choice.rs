@@ -209,47 +209,54 @@ impl Pipeline {
     }
 }
 
-/// Submits `req` and runs `pipe` over its events on a task; the receiver gets the outputs.
-/// Dropping the receiver cancels the request.
-pub fn start(s: &Arc<AppState>, req: Request, mut pipe: Pipeline) -> Result<UnboundedReceiver<Out>, ApiError> {
-    let (tx, mut events) = mpsc::unbounded_channel::<Event>();
+/// Submits `req` with one choice per pipeline (they share one prefill; choice `i` samples with
+/// seed + i) and runs each pipeline over its choice's events on a task; receiver `i` gets choice
+/// `i`'s outputs. Dropping a receiver cancels its choice.
+pub fn start(s: &Arc<AppState>, req: Request, pipes: Vec<Pipeline>) -> Result<Vec<UnboundedReceiver<Out>>, ApiError> {
     let prompt_len = req.prompt.len();
-    let cancel = s.engine.submit(req, Box::new(move |e| tx.send(e).is_ok()))?;
+    let (senders, receivers): (Vec<_>, Vec<_>) = pipes.iter().map(|_| mpsc::unbounded_channel::<Event>()).unzip();
+    let sinks: Vec<vt::Sink> =
+        senders.into_iter().map(|tx| Box::new(move |e| tx.send(e).is_ok()) as vt::Sink).collect();
+    let cancels = s.engine.submit_choices(req, sinks)?;
     let usage = Usage::current(prompt_len);
-    let (out, outputs) = mpsc::unbounded_channel();
-    let state = s.clone();
-    tokio::spawn(async move {
-        let mut clock = state.metrics.start_request(prompt_len);
-        let tok = state.tokenizer.as_ref();
-        let mut logprobs = None;
-        while let Some(e) = events.recv().await {
-            let (pieces, end) = match e {
-                Event::Logprobs(lp) => {
-                    logprobs = Some(lp);
-                    continue;
-                }
-                Event::Token(id) => {
-                    clock.token();
-                    usage.token();
-                    let (pieces, stopped) = pipe.token(tok, id, logprobs.take());
-                    if stopped {
-                        cancel.cancel();
+    let mut outputs = Vec::with_capacity(pipes.len());
+    for ((mut pipe, mut events), cancel) in pipes.into_iter().zip(receivers).zip(cancels) {
+        let (out, rx) = mpsc::unbounded_channel();
+        outputs.push(rx);
+        let (state, usage) = (s.clone(), usage.clone());
+        tokio::spawn(async move {
+            let mut clock = state.metrics.start_request(prompt_len);
+            let tok = state.tokenizer.as_ref();
+            let mut logprobs = None;
+            while let Some(e) = events.recv().await {
+                let (pieces, end) = match e {
+                    Event::Logprobs(lp) => {
+                        logprobs = Some(lp);
+                        continue;
                     }
-                    (pieces, stopped)
+                    Event::Token(id) => {
+                        clock.token();
+                        usage.token();
+                        let (pieces, stopped) = pipe.token(tok, id, logprobs.take());
+                        if stopped {
+                            cancel.cancel();
+                        }
+                        (pieces, stopped)
+                    }
+                    Event::Done(f) => (pipe.finish(tok, f == Finish::Length), true),
+                    Event::Failed(m) => (vec![Out::Error(m)], true),
+                };
+                for p in pieces {
+                    if out.send(p).is_err() {
+                        cancel.cancel();
+                        return;
+                    }
                 }
-                Event::Done(f) => (pipe.finish(tok, f == Finish::Length), true),
-                Event::Failed(m) => (vec![Out::Error(m)], true),
-            };
-            for p in pieces {
-                if out.send(p).is_err() {
-                    cancel.cancel();
+                if end {
                     return;
                 }
             }
-            if end {
-                return;
-            }
-        }
-    });
+        });
+    }
     Ok(outputs)
 }

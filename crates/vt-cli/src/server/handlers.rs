@@ -50,7 +50,8 @@ pub fn body(bytes: &Bytes, allowed: &[&str]) -> Result<(Map<String, Value>, Comm
     Ok((map, common))
 }
 
-/// Submits the `n` choices of `p` (choice i samples with seed + i), each read by `pipe(i)`.
+/// Submits `p` with its `n` choices (one prefill; choice i samples with seed + i), each read by
+/// `pipe(i)`.
 fn start_choices(
     s: &Arc<AppState>,
     p: Prepared,
@@ -71,14 +72,8 @@ fn start_choices(
     req.logprobs = o.logprobs;
     req.sampling.logit_bias = o.logit_bias.clone();
     req.stop_token_ids.extend(&o.stop_token_ids);
-    (0..o.n)
-        .map(|i| {
-            let mut r = req.clone();
-            r.sampling.seed = req.sampling.seed.wrapping_add(i as u64);
-            r.grammar = grammar.clone();
-            start(s, r, pipe(i))
-        })
-        .collect()
+    req.grammar = grammar;
+    start(s, req, (0..o.n).map(pipe).collect())
 }
 
 fn shape(s: &AppState, kind: Kind, prompt_tokens: usize, o: &Options, echo: Option<String>) -> Shape {

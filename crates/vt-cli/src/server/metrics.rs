@@ -1,7 +1,7 @@
 //! `/metrics` in the Prometheus text format (OpenMetrics), through `prometheus-client`, and the
 //! access log: one `tracing` event per request when its response body ends.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,47 @@ pub struct Metrics {
     pool_blocks_used: Gauge,
     pool_blocks_total: Gauge,
     preemptions: Gauge,
+    prefix: PrefixGauges,
+}
+
+/// The prefix cache's figures (since the engine started, read at each scrape).
+struct PrefixGauges {
+    hit_rate: Gauge<f64, AtomicU64>,
+    prompt_tokens: Gauge,
+    hit_tokens: Gauge,
+    blocks: Gauge,
+}
+
+impl PrefixGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let g = PrefixGauges {
+            hit_rate: Gauge::default(),
+            prompt_tokens: Gauge::default(),
+            hit_tokens: Gauge::default(),
+            blocks: Gauge::default(),
+        };
+        let r = registry;
+        r.register(
+            "prefix_cache_hit_rate",
+            "Of the prompt tokens looked up, the fraction found cached",
+            g.hit_rate.clone(),
+        );
+        r.register(
+            "prefix_cache_lookup_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            g.prompt_tokens.clone(),
+        );
+        r.register("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", g.hit_tokens.clone());
+        r.register("prefix_cache_blocks", "KV blocks the prefix cache holds", g.blocks.clone());
+        g
+    }
+
+    fn set(&self, stats: vt::engine::PrefixStats, blocks: usize) {
+        self.hit_rate.set(stats.hit_tokens as f64 / stats.prompt_tokens.max(1) as f64);
+        self.prompt_tokens.set(stats.prompt_tokens as i64);
+        self.hit_tokens.set(stats.hit_tokens as i64);
+        self.blocks.set(blocks as i64);
+    }
 }
 
 impl Default for Metrics {
@@ -64,6 +105,7 @@ impl Default for Metrics {
             "Sequences whose blocks were freed for older ones (recomputed later)",
             preemptions.clone(),
         );
+        let prefix = PrefixGauges::register(&mut registry);
         Metrics {
             registry,
             requests,
@@ -76,6 +118,7 @@ impl Default for Metrics {
             pool_blocks_used,
             pool_blocks_total,
             preemptions,
+            prefix,
         }
     }
 }
@@ -139,6 +182,8 @@ pub async fn render(State(s): State<Arc<AppState>>) -> Response {
     m.pool_blocks_used.set(used as i64);
     m.pool_blocks_total.set(total as i64);
     m.preemptions.set(s.engine.preemptions() as i64);
+    let (stats, blocks) = s.engine.prefix_cache();
+    m.prefix.set(stats, blocks);
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &m.registry) {
         return super::error::ApiError::internal(format!("encoding metrics: {e}")).into_response();
