@@ -248,9 +248,10 @@ enum Command {
         /// Keep only the first N layers (a cheaper run at full width).
         #[arg(long, value_parser = count(1, 1 << 16))]
         num_layers: Option<usize>,
-        /// Decode without recorded steps (CUDA graphs): every op launched from the host.
+        /// Decode with recorded steps (CUDA graphs, one launch a step; off by default until their
+        /// replays over the paged KV pool are fixed).
         #[arg(long)]
-        unrecorded: bool,
+        recorded: bool,
         /// Fraction of the GPU's memory the process may use (weights, workspace, KV pool).
         #[arg(long, default_value_t = 0.9, value_parser = fraction)]
         gpu_memory_utilization: f64,
@@ -512,7 +513,7 @@ where
             gen_len,
             load_format,
             num_layers,
-            unrecorded,
+            recorded,
             json_schema,
             gpu_memory_utilization,
             shared_prefix,
@@ -522,7 +523,7 @@ where
         } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
-            m.set_recorded_decode(!unrecorded);
+            m.set_recorded_decode(*recorded);
             if let Some(prefix_len) = *shared_prefix {
                 let w = bench::MultiTurn {
                     prefix_len,

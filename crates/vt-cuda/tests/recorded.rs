@@ -25,7 +25,9 @@ fn recorded_and_plain(b: &CudaBackend, dir: &Path) -> (String, Vec<u32>, Model<C
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
     let mut plain = Model::load(b, dir).unwrap();
     plain.set_recorded_decode(false);
-    (name, Reference::load(dir).prompt_ids, Model::load(b, dir).unwrap(), plain)
+    let mut recorded = Model::load(b, dir).unwrap();
+    recorded.set_recorded_decode(true);
+    (name, Reference::load(dir).prompt_ids, recorded, plain)
 }
 
 #[test]

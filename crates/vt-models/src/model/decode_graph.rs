@@ -20,7 +20,8 @@ pub(super) struct RecordedStep<B: Backend> {
 
 impl<B: Backend> Model<B> {
     /// Whether single-token steps of one sequence run as recorded steps where the backend records
-    /// (the default). Either way they compute the same logits.
+    /// (off by default: CUDA replays over the paged KV pool fault, docs/performance.md). Either
+    /// way they are meant to compute the same logits.
     pub fn set_recorded_decode(&mut self, on: bool) {
         self.record_decode = on;
     }
