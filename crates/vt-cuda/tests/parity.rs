@@ -144,16 +144,18 @@ fn batched_decode_of_sequences_at_different_positions_matches_reference() {
         let steps = 4;
         let starts: Vec<usize> =
             [1, 2, 5, r.prompt_ids.len()].into_iter().filter(|&p| p + steps <= seq.len()).collect();
+        // The sequences of one step share a pool (one more for the new prompt of the mixed step).
+        let pool = m.new_pool(&m.pool_config(starts.len() + 1, seq.len(), seq.len())).unwrap();
         let mut states: Vec<_> = starts
             .iter()
             .map(|&p| {
-                let mut st = m.new_state(4096).unwrap();
+                let mut st = pool.new_state().unwrap();
                 m.forward(&seq[..p], &mut st, Logits::Last).unwrap();
                 st
             })
             .collect();
         let (mut ours, mut want, mut positions) = (Vec::new(), Vec::new(), Vec::new());
-        let mut late = m.new_state(4096).unwrap();
+        let mut late = pool.new_state().unwrap();
         for s in 0..steps {
             let mut batch: Vec<(&[u32], &mut _)> =
                 starts.iter().zip(states.iter_mut()).map(|(&p, st)| (&seq[p + s..p + s + 1], st)).collect();
