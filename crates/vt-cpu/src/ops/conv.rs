@@ -116,7 +116,7 @@ pub fn causal_conv1d_silu(x: &[f32], t: usize, c: usize, w: &[f32], k: usize, st
 mod tests {
     use super::*;
 
-    use super::super::test_rng::Rng;
+    use vt_test_support::ops::Rng;
 
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());

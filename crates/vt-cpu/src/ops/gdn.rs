@@ -483,7 +483,7 @@ fn debug_check(
 mod tests {
     use super::*;
 
-    use super::super::test_rng::Rng;
+    use vt_test_support::ops::Rng;
 
     struct Case {
         d: GdnDims,

@@ -9,5 +9,3 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod rows;
-#[cfg(test)]
-mod test_rng;

@@ -1,13 +1,76 @@
-//! Inputs of the op-by-op parity tests (each GPU backend's tests/ops.rs against vt-cpu): a
-//! seeded generator, weights in every stored format as host data any backend uploads, and the
-//! report of one op's error.
+//! The op-by-op parity tests against vt-cpu: their bodies (`suite`, one per test, which every
+//! GPU backend's tests/ops.rs runs through `op_tests!`), and what they are made of: a seeded
+//! generator, weights in every stored format as host data any backend uploads, the comparison
+//! (`on_both!`) and the report of one op's error.
+
+pub mod suite;
 
 use vt_core::backend::Backend;
 use vt_core::{DType, Expert, Fp8Block, KvLayout, Linear, MoeExperts, Nvfp4, Router, RouterKind, Tensor, Weight};
 
+/// A backend under test and what its ops are held to.
+pub struct OnDevice<G> {
+    pub backend: G,
+    /// The name reports give it.
+    pub name: &'static str,
+    /// The error relative to the output's scale of one op's output, rounded once to the
+    /// activation dtype after f32 accumulation: the unit the suite's bounds are counted in.
+    pub u: f32,
+    /// Head dimensions at which attention rounds its probabilities to the activation dtype for
+    /// P V (a second rounding: 2u).
+    pub rounded_probabilities: &'static [usize],
+}
+
+impl<G> OnDevice<G> {
+    /// Attention's bound at head dimension `d`.
+    pub fn attention_bound(&self, d: usize) -> f32 {
+        if self.rounded_probabilities.contains(&d) {
+            2.0 * self.u
+        } else {
+            self.u
+        }
+    }
+}
+
+/// Expands `$body` once with `$b` a fresh vt-cpu backend and once with `$dev`'s backend (an
+/// `OnDevice`, made once per test: a GPU backend compiles its kernels when it starts), then
+/// reports and checks the error against `$bound`.
+#[macro_export]
+macro_rules! on_both {
+    ($dev:expr, $op:expr, $bound:expr, |$b:ident| $body:block) => {{
+        let cpu: Vec<f32> = {
+            let $b = &$crate::ops::Reference::new();
+            $body
+        };
+        let gpu: Vec<f32> = {
+            let $b = &$dev.backend;
+            $body
+        };
+        $crate::ops::report($dev.name, $op, $bound, &gpu, &cpu);
+    }};
+}
+
+/// One `#[test]` per named body of `suite`, each on a fresh `$device` (an `OnDevice`).
+#[macro_export]
+macro_rules! op_tests {
+    ($device:expr => $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::ops::suite::$name(&$device);
+            }
+        )*
+    };
+}
+
+/// The backend every op is compared with.
+pub use vt_cpu::CpuBackend as Reference;
+
+/// xorshift64*: the same numbers on every machine, no dependency.
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// Uniform in [-1, 1).
     pub fn f32(&mut self) -> f32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
