@@ -11,6 +11,7 @@
 //! recorded in issue order into one encoder (gpu.rs). The MoE layer's derived state (its experts
 //! stacked into one buffer per half, which one dispatch can index) lives in its resident slot.
 
+mod gdn;
 mod gpu;
 mod kv;
 mod memory;
@@ -61,6 +62,19 @@ fn dense_format(dtype: DType) -> Result<u32> {
         DType::F8E4M3 => 3,
         other => return Err(err(format!("no shader decodes {other} values"))),
     })
+}
+
+/// The ops of elementwise.wgsl.
+#[derive(Clone, Copy)]
+enum Elementwise {
+    Add,
+    Swiglu,
+    /// `x * act(g)`, a gate value per `per` values of x.
+    Gate(GateAct, usize),
+    /// The MoE's weighted sum of each token's `top_k` expert rows (weights in the second operand).
+    WeightedSum {
+        top_k: usize,
+    },
 }
 
 /// Checked conversion of a size to a shader's u32.
@@ -154,14 +168,50 @@ impl WgpuBackend {
         })
     }
 
-    fn elementwise(&self, op: u32, a: &Tensor<Self>, b: &Tensor<Self>, per: usize, name: &str) -> Result<Tensor<Self>> {
+    /// elementwise.wgsl's `op` over `a`'s shape.
+    fn elementwise(&self, op: Elementwise, a: &Tensor<Self>, b: &Tensor<Self>, name: &str) -> Result<Tensor<Self>> {
         let (a_buf, b_buf) = (act(a, name)?, act(b, name)?);
-        let out = self.output(a.shape())?;
-        let n = a.numel();
-        let params = [op, u32_of(n, name)?, u32_of(per.max(1), name)?];
+        let (code, per, k) = match op {
+            Elementwise::Add => (0, 1, 0),
+            Elementwise::Swiglu => (1, 1, 0),
+            Elementwise::Gate(GateAct::Sigmoid, per) => (2, per, 0),
+            Elementwise::Gate(GateAct::Softplus, per) => (3, per, 0),
+            Elementwise::WeightedSum { top_k } => (4, a.last_dim(), top_k),
+        };
+        let shape = match op {
+            Elementwise::WeightedSum { top_k } => [&[a.rows() / top_k.max(1)], &a.shape()[1..]].concat(),
+            _ => a.shape().to_vec(),
+        };
+        let out = self.output(&shape)?;
+        let n = out.numel();
+        let params = [code, u32_of(n, name)?, u32_of(per.max(1), name)?, u32_of(k, name)?];
         let bindings = [(1, a_buf.range()), (2, b_buf.range()), (3, out.buffer().range())];
         self.gpu.dispatch(Kernel::Elementwise, &params, &bindings, self.gpu.grid(n, WG)?)?;
         Ok(out)
+    }
+
+    /// linear.wgsl: `rows` rows of `n` outputs of the weight (`fmt`, `w`) times rows of `x`, in
+    /// `mode` (0 a linear, 1 the experts' down, 2 their gate and up; `ids`: the slots' experts).
+    #[allow(clippy::too_many_arguments)]
+    fn matvec(
+        &self,
+        (fmt, w): (&FmtWords, [Range<'_>; 3]),
+        mode: u32,
+        top_k: usize,
+        x: Range<'_>,
+        ids: Range<'_>,
+        y: Range<'_>,
+        (rows, n): (usize, usize),
+    ) -> Result<()> {
+        let op = "linear";
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut params = fmt.to_vec();
+        params.extend([mode, u32_of(top_k, op)?]);
+        let bindings = [(1, w[0]), (2, w[1]), (3, w[2]), (4, x), (5, ids), (6, y)];
+        let groups = [self.gpu.axis(n.div_ceil(WG), op)?, self.gpu.axis(rows, op)?, 1];
+        self.gpu.dispatch(Kernel::Linear, &params, &bindings, groups)
     }
 
     /// Copies `len` bytes between tensors' buffers in command order.
@@ -296,40 +346,31 @@ impl Ops for WgpuBackend {
     }
 
     fn linear(&self, x: &Tensor<Self>, w: &Linear<Self>) -> Result<Tensor<Self>> {
-        let op = "linear";
         let (n, _) = check::linear(self, x, w)?;
-        let xb = act(x, op)?;
-        let t = x.rows();
+        let xb = act(x, "linear")?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("checked non-scalar") = n;
         let out = self.output(&shape)?;
         let mut keep = None;
-        let (fmt, [wv, ws, wg]) = self.weight_parts(&w.weight, &mut keep)?;
-        let bindings = [(1, wv), (2, ws), (3, wg), (4, xb.range()), (5, out.buffer().range())];
-        let groups = [self.gpu.axis(n.div_ceil(WG), op)?, self.gpu.axis(t, op)?, 1];
-        if t > 0 {
-            self.gpu.dispatch(Kernel::Linear, &fmt, &bindings, groups)?;
-        }
+        let (fmt, parts) = self.weight_parts(&w.weight, &mut keep)?;
+        // No ids: the input is bound in their place, unread.
+        self.matvec((&fmt, parts), 0, 1, xb.range(), xb.range(), out.buffer().range(), (x.rows(), n))?;
         Ok(out)
     }
 
     fn add(&self, a: &Tensor<Self>, b: &Tensor<Self>) -> Result<Tensor<Self>> {
         check::same_shape(self, "add", a, b)?;
-        self.elementwise(0, a, b, 1, "add")
+        self.elementwise(Elementwise::Add, a, b, "add")
     }
 
     fn swiglu(&self, gate: &Tensor<Self>, up: &Tensor<Self>) -> Result<Tensor<Self>> {
         check::same_shape(self, "swiglu", gate, up)?;
-        self.elementwise(1, gate, up, 1, "swiglu")
+        self.elementwise(Elementwise::Swiglu, gate, up, "swiglu")
     }
 
     fn gate(&self, x: &Tensor<Self>, g: &Tensor<Self>, act: GateAct) -> Result<Tensor<Self>> {
         let per = check::gate(self, x, g)?;
-        let op = match act {
-            GateAct::Sigmoid => 2,
-            GateAct::Softplus => 3,
-        };
-        self.elementwise(op, x, g, per, "gate")
+        self.elementwise(Elementwise::Gate(act, per), x, g, "gate")
     }
 
     fn narrow_cols(&self, x: &Tensor<Self>, start: usize, len: usize) -> Result<Tensor<Self>> {
@@ -406,55 +447,13 @@ impl Ops for WgpuBackend {
         Ok(out)
     }
 
-    /// Both modes run the token-by-token form (gdn.wgsl): the chunked form's result up to f32
-    /// rounding, as vt-cpu's two forms agree.
     fn gated_delta_rule(
         &self,
         inp: &GdnInputs<'_, Self>,
         state: &mut Tensor<Self>,
         mode: GdnMode,
     ) -> Result<Tensor<Self>> {
-        let op = "gated_delta_rule";
-        let _ = mode;
-        let d = inp.dims(self, state)?;
-        if d.key_dim > 256 {
-            return Err(err(format!("{op}: key head dimension {} exceeds the shader's 256", d.key_dim)));
-        }
-        let (q, k, v, a, b, s) =
-            (act(inp.q, op)?, act(inp.k, op)?, act(inp.v, op)?, act(inp.a, op)?, act(inp.b, op)?, act(state, op)?);
-        let (a_log, dt_bias) = (self.small_f32(inp.a_log, op)?, self.small_f32(inp.dt_bias, op)?);
-        let count = d.t * d.value_heads;
-        let gb = self.output(&[2, count])?;
-        let bindings = [
-            (1, a.range()),
-            (2, b.range()),
-            (3, a_log.buffer().range()),
-            (4, dt_bias.buffer().range()),
-            (5, gb.buffer().range()),
-        ];
-        let params = [u32_of(count, op)?, u32_of(d.value_heads, op)?];
-        self.gpu.dispatch(Kernel::GdnGates, &params, &bindings, self.gpu.grid(count, WG)?)?;
-        let out = self.output(&[d.t, d.value_heads, d.value_dim])?;
-        let params = [
-            u32_of(d.t, op)?,
-            u32_of(d.key_heads, op)?,
-            u32_of(d.value_heads, op)?,
-            u32_of(d.key_dim, op)?,
-            u32_of(d.value_dim, op)?,
-            ((d.key_dim as f64).sqrt() as f32).to_bits(),
-        ];
-        let bindings = [
-            (1, q.range()),
-            (2, k.range()),
-            (3, v.range()),
-            (4, gb.buffer().range()),
-            (5, s.range()),
-            (6, out.buffer().range()),
-        ];
-        if d.t > 0 && d.key_dim > 0 {
-            self.gpu.dispatch(Kernel::Gdn, &params, &bindings, [self.gpu.axis(d.value_heads, op)?, 1, 1])?;
-        }
-        Ok(out)
+        gdn::gated_delta_rule(self, inp, state, mode)
     }
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {

@@ -1,5 +1,5 @@
 //! The routed experts of an MoE layer: routing on the device (route.wgsl), then each routed slot's
-//! expert (expert_up.wgsl, expert_down.wgsl) and the weighted sum (combine.wgsl).
+//! expert (linear.wgsl's expert modes) and the weighted sum (elementwise.wgsl).
 //!
 //! A shader binds a fixed set of buffers, so it cannot reach E experts' separate tensors: the
 //! layer's derived state (`WgpuExpertTable`, in the experts' resident slot) is their weights
@@ -13,7 +13,7 @@ use vt_core::{MoeExperts, Result, Router, RouterKind, Tensor, Weight};
 
 use crate::gpu::{err, Range};
 use crate::shaders::Kernel;
-use crate::{act, dense_format, u32_of, FmtWords, GpuBuffer, WgpuBackend, WG};
+use crate::{act, dense_format, u32_of, Elementwise, FmtWords, GpuBuffer, WgpuBackend, WG};
 
 /// Most experts and top-k the routing shader takes (its private arrays).
 const MAX_EXPERTS: usize = 1024;
@@ -116,9 +116,8 @@ pub fn moe(
         )));
     }
     let (t, k) = (x.rows(), d.top_k);
-    let out = b.output(x.shape())?;
     if t == 0 {
-        return Ok(out);
+        return b.output(x.shape());
     }
     let logits = b.linear(x, &router.weight)?;
     let bias = match &router.correction_bias {
@@ -148,28 +147,12 @@ pub fn moe(
         [(1, logits.buffer().range()), (2, bias.buffer().range()), (3, ids.range()), (4, wts.buffer().range())];
     b.gpu.dispatch(Kernel::Route, &params, &bindings, b.gpu.grid(t, WG)?)?;
 
-    let slot_groups = b.gpu.axis(slots, op)?;
     let (inter, hidden) = (d.intermediate, d.hidden);
     let h = b.output(&[slots, inter])?;
-    let [wv, ws, wg] = table.gate_up.ranges();
-    let mut params = table.gate_up.fmt.to_vec();
-    params.push(u32_of(k, op)?);
-    let bindings = [(1, wv), (2, ws), (3, wg), (4, xb.range()), (5, ids.range()), (6, h.buffer().range())];
-    b.gpu.dispatch(Kernel::ExpertUp, &params, &bindings, [b.gpu.axis(inter.div_ceil(WG), op)?, slot_groups, 1])?;
-
+    let gate_up = (&table.gate_up.fmt, table.gate_up.ranges());
+    b.matvec(gate_up, 2, k, xb.range(), ids.range(), h.buffer().range(), (slots, inter))?;
     let y = b.output(&[slots, hidden])?;
-    let [wv, ws, wg] = table.down.ranges();
-    let bindings = [(1, wv), (2, ws), (3, wg), (4, h.buffer().range()), (5, ids.range()), (6, y.buffer().range())];
-    b.gpu.dispatch(
-        Kernel::ExpertDown,
-        &table.down.fmt,
-        &bindings,
-        [b.gpu.axis(hidden.div_ceil(WG), op)?, slot_groups, 1],
-    )?;
-
-    let n = t * hidden;
-    let params = [u32_of(n, op)?, u32_of(k, op)?, u32_of(hidden, op)?];
-    let bindings = [(1, y.buffer().range()), (2, wts.buffer().range()), (3, out.buffer().range())];
-    b.gpu.dispatch(Kernel::Combine, &params, &bindings, b.gpu.grid(n, WG)?)?;
-    Ok(out)
+    let down = (&table.down.fmt, table.down.ranges());
+    b.matvec(down, 1, k, h.buffer().range(), ids.range(), y.buffer().range(), (slots, hidden))?;
+    b.elementwise(Elementwise::WeightedSum { top_k: k }, &y, &wts, op)
 }

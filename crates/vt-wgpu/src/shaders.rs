@@ -1,10 +1,10 @@
 //! The WGSL kernels (shaders/*.wgsl), each compiled with the shared parts it uses: common.wgsl
-//! (scalar math), weights.wgsl (decoding a weight in its stored form) and dot.wgsl (a weight row
-//! times an input row).
+//! (scalar math), weights.wgsl (decoding a weight in its stored form) and gdn_layout.wgsl (the
+//! chunked gated delta rule's scratch).
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
-const DOT: &str = include_str!("shaders/dot.wgsl");
+const GDN_LAYOUT: &str = include_str!("shaders/gdn_layout.wgsl");
 
 macro_rules! kernels {
     ($($name:ident = $file:literal uses [$($part:ident),*];)*) => {
@@ -33,7 +33,7 @@ macro_rules! kernels {
 kernels! {
     Convert = "convert.wgsl" uses [WEIGHTS];
     Embedding = "embedding.wgsl" uses [WEIGHTS];
-    Linear = "linear.wgsl" uses [WEIGHTS, DOT];
+    Linear = "linear.wgsl" uses [WEIGHTS];
     RmsNorm = "rms_norm.wgsl" uses [];
     Elementwise = "elementwise.wgsl" uses [];
     Narrow = "narrow.wgsl" uses [];
@@ -41,11 +41,10 @@ kernels! {
     Conv = "conv.wgsl" uses [];
     GdnGates = "gdn_gates.wgsl" uses [];
     Gdn = "gdn.wgsl" uses [];
+    GdnChunk = "gdn_chunk.wgsl" uses [GDN_LAYOUT];
+    GdnState = "gdn_state.wgsl" uses [GDN_LAYOUT];
     Attention = "attention.wgsl" uses [];
     Route = "route.wgsl" uses [];
-    ExpertUp = "expert_up.wgsl" uses [WEIGHTS, DOT];
-    ExpertDown = "expert_down.wgsl" uses [WEIGHTS, DOT];
-    Combine = "combine.wgsl" uses [];
 }
 
 #[cfg(test)]

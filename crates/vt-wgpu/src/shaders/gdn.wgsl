@@ -1,5 +1,5 @@
-// The gated delta rule, token by token (vt-cpu's recurrent form), a workgroup per value head and
-// an invocation per value column; the state `[value_heads, key_dim, value_dim]` is f32:
+// The gated delta rule, token by token (vt-cpu's recurrent form, for decode), a workgroup per
+// value head and an invocation per value column; the state `[value_heads, key_dim, value_dim]` is f32:
 //   S = S * exp(g);  delta = (v - S^T k) * beta;  S += k (x) delta;  o = S^T q
 // with q, k l2-normalised (`x * rsqrt(sum(x^2) + 1e-6)`) and q divided by sqrt(key_dim).
 struct P { t: u32, kh: u32, vh: u32, dk: u32, dv: u32, scale: f32 }
