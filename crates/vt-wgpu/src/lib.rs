@@ -21,8 +21,8 @@ mod shaders;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vt_core::backend::check;
 use vt_core::backend::prelude::*;
+use vt_core::backend::{check, Pick};
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MemoryStats, MoeExperts, NormKind,
     Result, Rope, Router, Tensor, Weight,
@@ -308,6 +308,28 @@ impl Device for WgpuBackend {
         // Whole 4-byte words: the blocks are 256-byte multiples, so the padding is the block's own.
         self.copy(src.buffer(), 0, dst.buffer(), 0, len.next_multiple_of(4));
         Ok(())
+    }
+
+    /// On the device (argmax.wgsl): only the picks come back.
+    fn argmax_rows(&self, x: &Tensor<Self>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
+        let op = "argmax_rows";
+        vt_core::backend::composed::check_allowed(x, allowed)?;
+        let (rows, width) = (x.rows(), x.last_dim());
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let fmt = dense_format(x.dtype())?;
+        let words = vt_core::backend::mask_words(width);
+        let mask = self.host_data(allowed.map_or(&[0u8; 4][..], bytemuck::cast_slice));
+        let picks = self.buffer(rows * 8)?;
+        let w = x.buffer().range();
+        let params = [fmt, u32_of(rows, op)?, u32_of(width, op)?, 1, 1, allowed.is_some() as u32, u32_of(words, op)?];
+        let bindings =
+            [(1, w), (2, w), (3, w), (4, Range { buffer: &mask, offset: 0, size: mask.size() }), (5, picks.range())];
+        self.gpu.dispatch(Kernel::Argmax, &params, &bindings, self.gpu.grid(rows, 1)?)?;
+        let bytes = self.gpu.read(picks.range(), rows * 8)?;
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        Ok(bytes.chunks_exact(8).map(|p| Pick { id: word(&p[..4]), finite: word(&p[4..]) != 0 }).collect())
     }
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {

@@ -45,6 +45,7 @@ kernels! {
     GdnState = "gdn_state.wgsl" uses [GDN_LAYOUT];
     Attention = "attention.wgsl" uses [];
     Route = "route.wgsl" uses [];
+    Argmax = "argmax.wgsl" uses [WEIGHTS];
 }
 
 #[cfg(test)]
