@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the repository root with .gpu/wgpu and .gl carried (tools/wgpu/
+# build_gpu.sh): vt-wgpu on the GPU's Vulkan driver (VT_WGPU_ADAPTER, default "nvidia"): its op
+# tests and fixture parity against vt-cpu, then `vt bench` on Qwen3.5-35B-A3B's shapes (random
+# weights, the first VT_LAYERS layers, default 8) on CUDA and on wgpu, and wgpu's speed as a
+# fraction of CUDA's. Full logs go to $OUT (or /tmp/vt-wgpu); a summary is printed last.
+set -uo pipefail
+logs=${OUT:-/tmp/vt-wgpu}
+mkdir -p "$logs"
+bin=.gpu/wgpu
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+if [ -z "${VK_DRIVER_FILES:-}" ]; then
+    for j in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+        /etc/vulkan/icd.d/nvidia_icd.json; do
+        [ -f "$j" ] && export VK_DRIVER_FILES=$j && break
+    done
+fi
+export VT_WGPU_ADAPTER=${VT_WGPU_ADAPTER:-nvidia}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+# The test binaries find fixtures/ through the repository path they were built in.
+root=$(strings "$bin/parity" | grep -o '/[^ ]*/crates/vt-test-support' | head -1 | sed 's,/crates/vt-test-support$,,')
+if [ -n "$root" ] && [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi
+summary=()
+run() {  # name, then the command
+    local name=$1; shift
+    local t0=$SECONDS
+    timeout "${RUN_TIMEOUT:-300}" "$@" >"$logs/$name.log" 2>&1; local rc=$?
+    summary+=("== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result|^batch|adapter|wgpu:' "$logs/$name.log" | tr '\n' ' ')")
+    echo "${summary[-1]}"
+}
+run ops "$bin/ops" --nocapture
+grep -E '^op ' "$logs/ops.log" | sort -t= -k2 -g | tail -5
+run parity "$bin/parity" --nocapture
+model=tools/gpu/configs/qwen3_5_35b_a3b
+args=(--model "$model" --load-format dummy --num-layers "${VT_LAYERS:-8}" --batch 1,8 --prompt-len 512 --gen-len 32)
+run bench-cuda "$bin/vt" bench --backend cuda "${args[@]}"
+run bench-wgpu "$bin/vt" bench --backend wgpu "${args[@]}"
+python3 - "$logs/bench-cuda.log" "$logs/bench-wgpu.log" <<'PY'
+import re, sys
+def rates(path):
+    out = {}
+    for l in open(path):
+        m = re.match(r"batch\s+(\d+):.*prefill\s+([\d.]+) tok/s.*decode\s+([\d.]+) tok/s", l)
+        if m:
+            out[int(m[1])] = (float(m[2]), float(m[3]))
+    return out
+cuda, wgpu = rates(sys.argv[1]), rates(sys.argv[2])
+for n in sorted(cuda.keys() & wgpu.keys()):
+    (pc, dc), (pw, dw) = cuda[n], wgpu[n]
+    print(f"batch {n}: prefill wgpu/cuda {pw:.0f}/{pc:.0f} tok/s = {pw / pc:.3f}; decode {dw:.1f}/{dc:.1f} tok/s = {dw / dc:.3f}")
+PY
+printf '%s\n' "${summary[@]}"
