@@ -8,19 +8,22 @@
 // heads already spread over 128 blocks.
 
 // Both kernels serve a batch of sequences, one token each: blockIdx.y (conv) or blockIdx.z (state)
-// is the sequence, whose row of the inputs and outputs it takes and whose state `states.p` holds.
+// is the sequence, whose row of the inputs and outputs it takes and whose state's address
+// `states.p` holds, or `states_at` where it is not null (device memory: a recorded step's replays
+// write it).
 
 // out[ch] = silu(sum_j w[ch, j] * window_j), window = (state[ch, :], x[ch]); the state then holds
 // the last k - 1 inputs. One thread per channel; x bf16 [seqs, c], out f32 [seqs, c], a sequence's
 // state bf16 [c, k - 1].
-extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states, int c, int k) {
+extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states, const u64* states_at, int c,
+                                        int k) {
     grid_dep_begin();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
     long long row = (long long)blockIdx.y * c;
     out += row;
     x += row;
-    bf16* st = (bf16*)states.p[blockIdx.y] + (long long)ch * (k - 1);
+    bf16* st = (bf16*)(states_at ? states_at[blockIdx.y] : states.p[blockIdx.y]) + (long long)ch * (k - 1);
     float acc = 0.0f;
     for (int j = 0; j < k - 1; j++) acc += ld(w, wdt, (long long)ch * k + j) * bf2f(st[j]);
     acc += ld(w, wdt, (long long)ch * k + k - 1) * bf2f(x[ch]);
@@ -58,14 +61,15 @@ __device__ __forceinline__ void col_sums(float* p, float (*red)[GDN_COLS], float
 // S += k (x) delta;  o = S^T q. Grid: (value_heads, D / GDN_COLS, seqs), 256 threads; thread
 // (rg = tid / 8, cg = tid % 8) keeps S rows rg + 32m (m < 4), columns col .. col + 3 in registers.
 extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
-                                         const void* dt_bias, int dt_bias_dt, SeqPtrs states, int key_heads, int value_heads) {
+                                         const void* dt_bias, int dt_bias_dt, SeqPtrs states, const u64* states_at, int key_heads,
+                                         int value_heads) {
     grid_dep_begin();
     int seq = blockIdx.z;
     qkv += (long long)seq * (2 * key_heads + value_heads) * GDN_D;
     a += seq * value_heads;
     b += seq * value_heads;
     out += (long long)seq * value_heads * GDN_D;
-    float* state = (float*)states.p[seq];
+    float* state = (float*)(states_at ? states_at[seq] : states.p[seq]);
     __shared__ float qs[GDN_D], ks[GDN_D];
     __shared__ float red[8][GDN_COLS];
     __shared__ float tot[GDN_COLS];

@@ -248,10 +248,10 @@ enum Command {
         /// Keep only the first N layers (a cheaper run at full width).
         #[arg(long, value_parser = count(1, 1 << 16))]
         num_layers: Option<usize>,
-        /// Decode with recorded steps (CUDA graphs, one launch a step; off by default until their
-        /// replays over the paged KV pool are fixed).
+        /// Decode op by op: no recorded steps (CUDA graphs, one launch a step), to measure what
+        /// they save.
         #[arg(long)]
-        recorded: bool,
+        unrecorded: bool,
         /// Fraction of the GPU's memory the process may use (weights, workspace, KV pool).
         #[arg(long, default_value_t = 0.9, value_parser = fraction)]
         gpu_memory_utilization: f64,
@@ -513,7 +513,7 @@ where
             gen_len,
             load_format,
             num_layers,
-            recorded,
+            unrecorded,
             json_schema,
             gpu_memory_utilization,
             shared_prefix,
@@ -523,7 +523,7 @@ where
         } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
-            m.set_recorded_decode(*recorded);
+            m.set_recorded_decode(!*unrecorded);
             if let Some(prefix_len) = *shared_prefix {
                 let w = bench::MultiTurn {
                     prefix_len,

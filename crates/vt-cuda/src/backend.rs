@@ -10,7 +10,7 @@ use vt_core::backend::prelude::*;
 use vt_core::backend::Pick;
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvLayout, KvSeq, Linear, MemoryStats,
-    MoeExperts, NormKind, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
+    MoeExperts, NormKind, ReplayInputs, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
 };
 
 use crate::alloc::CudaBuffer;
@@ -242,6 +242,11 @@ impl FusedOps for CudaBackend {
         if gdn::decode::fits(step, states) {
             return gdn::decode::step(self, step, states);
         }
+        if let Some(r) = self.recording() {
+            // The composed ops address the states directly: replays must pass these ones.
+            let fixed = states.iter().map(|s| (s.conv.buffer().ptr(), s.recurrent.buffer().ptr())).collect();
+            r.fixed_states("gated_delta_step", fixed)?;
+        }
         vt_core::backend::composed::gated_delta_step(self, step, states)
     }
 
@@ -265,9 +270,13 @@ impl FusedOps for CudaBackend {
 impl StepRecording for CudaBackend {
     type StepGraph = CudaStepGraph;
 
-    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
+    fn records(&self) -> bool {
+        true
+    }
+
+    fn recorder(&self, positions: &[usize]) -> Result<Option<Self>> {
         check(self.recording().is_none(), "recorder", || "a recorder cannot record".into())?;
-        let recording = Recording::begin(self.stream(), self.buffer(4 * (1 + ids))?, ids, pos)?;
+        let recording = Recording::begin(self.alloc(), positions)?;
         Ok(Some(self.recorder_of(recording)))
     }
 
@@ -282,11 +291,9 @@ impl StepRecording for CudaBackend {
     fn replay(
         &self,
         graph: &mut CudaStepGraph,
-        ids: &[u32],
-        pos: usize,
         pool: &mut CudaKvPool,
-        seqs: &[KvSeq<'_>],
+        inputs: &ReplayInputs<'_, Self>,
     ) -> Result<bool> {
-        crate::record::replay(self, graph, ids, pos, pool, seqs)
+        crate::record::replay(self, graph, pool, inputs)
     }
 }

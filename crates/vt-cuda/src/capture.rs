@@ -1,22 +1,23 @@
 //! What a recorder is recording (record.rs): its capture stream, the inputs its replays write
-//! (position, token ids and block tables) and the pool layers the step attends over.
+//! (positions, token ids, block tables and delta-net state addresses) and what the step holds
+//! fixed (the pool layers it attends over, states the composed ops address directly).
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaStream};
 use vt_core::{KvLayout, KvSeq, Result};
 
-use crate::alloc::CudaBuffer;
+use crate::alloc::{Allocator, CudaBuffer};
 use crate::error::{driver_err, err};
 use crate::kv::KvStore;
 use crate::limits::KV_BLOCK;
 
-/// Positions past the one recorded that its replays may reach: the block tables the step reads
+/// Positions past the ones recorded that its replays may reach: the block tables the step reads
 /// have room for them, and its attention grids cover them.
 pub(crate) const RECORD_AHEAD: usize = 256;
 
 /// One attention call of a recorded step: the pool layer it reads (its storage, which a replay's
-/// pool must still have) and which of the recording's table buffers holds its block table.
+/// pool must still have) and which of the recording's table buffers holds its rows' tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RecordedAttention {
     pub layer: usize,
@@ -26,46 +27,65 @@ pub(crate) struct RecordedAttention {
     pub table: usize,
 }
 
-/// A recording's attention calls and the table buffers they read.
+/// One delta-net call of a recorded step: where its kernels read the rows' state addresses, or
+/// the addresses its ops were recorded with (the composed ops take no address array).
+pub(crate) enum RecordedStates {
+    /// `[conv: rows][recurrent: rows]` addresses, filled by each replay.
+    Filled(CudaBuffer),
+    /// `(conv, recurrent)` of each row: a replay must pass these.
+    Fixed(Vec<(u64, u64)>),
+}
+
+/// A recording's calls and the buffers they read.
 #[derive(Default)]
-pub(crate) struct RecordedTables {
-    /// The calls, in the order the step makes them.
-    pub calls: Vec<RecordedAttention>,
-    /// A buffer of `table_width()` entries per distinct table (layers that share a table share
-    /// its buffer), with the table it was recorded with.
-    pub tables: Vec<(CudaBuffer, Vec<u32>)>,
+pub(crate) struct RecordedCalls {
+    /// The attention calls, in the order the step makes them.
+    pub attention: Vec<RecordedAttention>,
+    /// A buffer of `rows x table_width()` entries per distinct set of tables (layers whose rows
+    /// have the same tables share it), with the tables it was recorded with.
+    pub tables: Vec<(CudaBuffer, Vec<Vec<u32>>)>,
+    /// The delta-net calls, in order.
+    pub delta_net: Vec<RecordedStates>,
 }
 
 /// What a recorder is recording.
 pub(crate) struct Recording {
     stream: Arc<CudaStream>,
-    /// `[position: i32, ids: u32 x ids]`, filled by each replay before its launch.
+    /// The parent backend's memory, where the buffers replays fill live: never the recorder's
+    /// arena, whose blocks the recorded ops share out as scratch (a table placed in a block that
+    /// an earlier op of the step writes would be overwritten mid-replay).
+    parent: Arc<Allocator>,
+    /// `[positions: i32 x rows, ids: u32 x rows]`, filled by each replay before its launch.
     pub(crate) inputs: CudaBuffer,
-    pos: usize,
-    /// Token ids a step takes.
-    pub(crate) ids: usize,
+    /// The positions recorded, a row each.
+    positions: Vec<usize>,
     /// Set by the recorded embedding: ids a replay may pass are below it.
     pub(crate) vocab: Mutex<Option<usize>>,
-    pub(crate) attention: Mutex<RecordedTables>,
+    pub(crate) calls: Mutex<RecordedCalls>,
 }
 
 impl Recording {
-    /// Starts capturing on a new stream of `parent`'s context; `inputs` (4 * (1 + ids) bytes, of
-    /// the backend whose stream is `parent`: replays write them there) is where the step reads
-    /// its position and ids.
-    pub(crate) fn begin(parent: &Arc<CudaStream>, inputs: CudaBuffer, ids: usize, pos: usize) -> Result<Self> {
-        let stream = parent.context().new_stream().map_err(|e| driver_err("creating a capture stream", e))?;
+    /// Starts capturing on a new stream of the context of `parent` (the recording backend's
+    /// memory, on its stream, where replays fill the step's inputs) for a step of one token for
+    /// each of `positions.len()` sequences at those positions.
+    pub(crate) fn begin(parent: &Arc<Allocator>, positions: &[usize]) -> Result<Self> {
+        if positions.is_empty() {
+            return Err(err("recorder: a step of no sequences"));
+        }
+        let inputs = CudaBuffer::new(parent, 8 * positions.len())?;
+        let stream =
+            parent.raw().stream().context().new_stream().map_err(|e| driver_err("creating a capture stream", e))?;
         // Relaxed: the arena may take a chunk from the parent while the capture is open.
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(|e| driver_err("beginning a capture", e))?;
         Ok(Recording {
             stream,
+            parent: parent.clone(),
             inputs,
-            pos,
-            ids,
+            positions: positions.to_vec(),
             vocab: Mutex::new(None),
-            attention: Mutex::new(RecordedTables::default()),
+            calls: Mutex::new(RecordedCalls::default()),
         })
     }
 
@@ -74,52 +94,80 @@ impl Recording {
         &self.stream
     }
 
-    /// Device address of the step's position (an `i32`).
+    /// Sequences (rows) the step takes.
+    pub(crate) fn rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Device address of the position (an `i32`) of a one-sequence step at `pos`.
     pub(crate) fn pos_at(&self, op: &str, pos: usize) -> Result<u64> {
-        if pos != self.pos {
-            return Err(err(format!("{op}: position {pos} in a step recorded at position {}", self.pos)));
+        self.positions_at(op, &[pos])
+    }
+
+    /// Device address of the rows' positions (`i32`s), which must be the recorded ones.
+    pub(crate) fn positions_at(&self, op: &str, starts: &[usize]) -> Result<u64> {
+        if starts != self.positions {
+            return Err(err(format!("{op}: positions {starts:?} in a step recorded at {:?}", self.positions)));
         }
         Ok(self.inputs.ptr())
     }
 
     /// Device address of the step's token ids, for a table of `vocab` rows.
     pub(crate) fn ids_at(&self, ids: usize, vocab: usize) -> Result<u64> {
-        if ids != self.ids {
-            return Err(err(format!("embedding: {ids} ids in a step recorded for {}", self.ids)));
+        if ids != self.rows() {
+            return Err(err(format!("embedding: {ids} ids in a step recorded for {}", self.rows())));
         }
         *self.vocab.lock().unwrap_or_else(|p| p.into_inner()) = Some(vocab);
-        Ok(self.inputs.ptr() + 4)
+        Ok(self.inputs.ptr() + 4 * self.rows() as u64)
     }
 
     /// Entries of every recorded block table: room for the positions up to `RECORD_AHEAD` past
-    /// the recorded one.
+    /// the furthest recorded one.
     pub(crate) fn table_width(&self) -> usize {
-        (self.pos + 1 + RECORD_AHEAD).div_ceil(KV_BLOCK)
+        let last = self.positions.iter().copied().max().unwrap_or(0);
+        (last + 1 + RECORD_AHEAD).div_ceil(KV_BLOCK)
     }
 
-    /// Records an attention call over `seq` in `store` (at the recorded position) and returns the
-    /// device address of the table buffer its kernels read, which replays fill; `alloc` makes a
-    /// buffer of the recording's memory.
-    pub(crate) fn table_at(
-        &self,
-        op: &str,
-        seq: &KvSeq<'_>,
-        store: &KvStore,
-        window: Option<usize>,
-        alloc: impl FnOnce(usize) -> Result<CudaBuffer>,
-    ) -> Result<u64> {
-        self.pos_at(op, seq.start)?;
-        let used = &seq.table[..(seq.start + 1).div_ceil(KV_BLOCK)];
-        let mut rec = self.attention.lock().unwrap_or_else(|p| p.into_inner());
-        let table = match rec.tables.iter().position(|(_, t)| t == used) {
+    /// Records an attention call over the rows' `seqs` in `store` (at the recorded positions) and
+    /// returns the device address of the table buffer its kernels read (`rows x table_width()`
+    /// entries), which replays fill.
+    pub(crate) fn table_at(&self, op: &str, seqs: &[KvSeq<'_>], store: &KvStore, window: Option<usize>) -> Result<u64> {
+        let starts: Vec<usize> = seqs.iter().map(|s| s.start).collect();
+        self.positions_at(op, &starts)?;
+        let used: Vec<Vec<u32>> = seqs.iter().map(|s| s.table[..(s.start + 1).div_ceil(KV_BLOCK)].to_vec()).collect();
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let table = match calls.tables.iter().position(|(_, t)| *t == used) {
             Some(i) => i,
             None => {
-                rec.tables.push((alloc(4 * self.table_width())?, used.to_vec()));
-                rec.tables.len() - 1
+                let buf = CudaBuffer::new(&self.parent, 4 * self.rows() * self.table_width())?;
+                calls.tables.push((buf, used));
+                calls.tables.len() - 1
             }
         };
-        rec.calls.push(RecordedAttention { layer: seq.layer, keys: store.keys(), layout: store.layout, window, table });
-        Ok(rec.tables[table].0.ptr())
+        let layer = seqs.first().map_or(0, |s| s.layer);
+        calls.attention.push(RecordedAttention { layer, keys: store.keys(), layout: store.layout, window, table });
+        Ok(calls.tables[table].0.ptr())
+    }
+
+    /// Records a delta-net call whose kernels read the rows' state addresses from device memory
+    /// and returns where: `[conv: rows][recurrent: rows]` `u64`s, which replays fill.
+    pub(crate) fn states_at(&self, op: &str, rows: usize) -> Result<u64> {
+        if rows != self.rows() {
+            return Err(err(format!("{op}: {rows} sequences in a step recorded for {}", self.rows())));
+        }
+        let buf = CudaBuffer::new(&self.parent, 16 * rows)?;
+        let ptr = buf.ptr();
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Filled(buf));
+        Ok(ptr)
+    }
+
+    /// Records a delta-net call whose ops address the rows' states (`(conv, recurrent)`) directly.
+    pub(crate) fn fixed_states(&self, op: &str, states: Vec<(u64, u64)>) -> Result<()> {
+        if states.len() != self.rows() {
+            return Err(err(format!("{op}: {} sequences in a step recorded for {}", states.len(), self.rows())));
+        }
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Fixed(states));
+        Ok(())
     }
 }
 

@@ -5,19 +5,21 @@
 //! using the backend's stream meanwhile) and whose memory comes from an arena of the parent's
 //! blocks (`alloc::for_recording`), reserved for the recording's lifetime. What changes from
 //! step to step is read from device memory that `replay` fills before the launch: the token ids
-//! (embedding), the position (rope, the attention kernels, the KV append) and the block tables.
-//! Everything else a recording touches is fixed: weights, the sequence's recurrent states, which it
-//! updates in place, and the KV pool's layers, whose storage never moves (`replay` checks that the
-//! pool it is given is the one recorded).
+//! (embedding), the positions (rope, the attention kernels, the KV append), the block tables and
+//! the addresses of the delta-net states the fused decode kernels update (these live in the
+//! parent's memory, never in the arena the recorded ops share out as scratch). Everything else a
+//! recording touches is fixed: weights, the states the composed delta-net ops address directly
+//! (`replay` refuses other ones), and the KV pool's layers, whose storage never moves (`replay`
+//! checks that the pool it is given is the one recorded).
 
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
-use vt_core::{KvSeq, Result};
+use vt_core::{KvSeq, ReplayInputs, Result, RELEASED};
 
-use crate::capture::Recording;
+use crate::capture::{RecordedStates, Recording};
 use crate::device::CudaBackend;
 use crate::error::{driver_err, err};
 use crate::kv::CudaKvPool;
@@ -64,76 +66,123 @@ pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<Cuda
     Ok(CudaStepGraph { graph, main: parent.stream().clone(), recorder })
 }
 
-/// Queues `g` for `ids` at `pos` over `seqs` of `pool` after checking that they are the pool
-/// layers it recorded, in its order, with tables its buffers have room for. `Ok(false)`: it no
-/// longer fits (another pool's layers, a table outgrew the recording, or tables it recorded as one
-/// now differ), nothing was queued.
+/// Queues `g` for `inp` over `pool` after checking that its attention calls are over the pool
+/// layers it recorded, in its order, with tables its buffers have room for, and its delta-net
+/// calls over states it may address. `Ok(false)`: it no longer fits (another pool's layers, a
+/// table outgrew the recording, tables it recorded as one now differ, or other states where the
+/// recorded ops address them directly), nothing was queued.
 pub(crate) fn replay(
     b: &CudaBackend,
     g: &mut CudaStepGraph,
-    ids: &[u32],
-    pos: usize,
     pool: &CudaKvPool,
-    seqs: &[KvSeq<'_>],
+    inp: &ReplayInputs<'_, CudaBackend>,
 ) -> Result<bool> {
     let op = "replay";
     if !Arc::ptr_eq(&g.main, b.stream()) {
         return Err(err("replay: the step was recorded on another backend"));
     }
     let rec = g.recording();
-    if ids.len() != rec.ids {
-        return Err(err(format!("replay: {} ids for a step recorded for {}", ids.len(), rec.ids)));
+    let rows = rec.rows();
+    if inp.ids.len() != rows || inp.positions.len() != rows {
+        return Err(err(format!(
+            "replay: {} ids at {} positions for a step recorded for {rows} sequences",
+            inp.ids.len(),
+            inp.positions.len()
+        )));
     }
     let vocab = rec.vocab.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(0);
-    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+    if let Some(&bad) = inp.ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(err(format!("replay: token id {bad} is outside the recorded vocabulary of {vocab}")));
     }
-    let recorded = rec.attention.lock().unwrap_or_else(|p| p.into_inner());
-    let (calls, tables) = (&recorded.calls, &recorded.tables);
-    if seqs.len() != calls.len() {
-        return Err(err(format!("replay: {} pool layers for a step recorded over {}", seqs.len(), calls.len())));
+    let recorded = rec.calls.lock().unwrap_or_else(|p| p.into_inner());
+    let (calls, tables) = (&recorded.attention, &recorded.tables);
+    if inp.attention.len() != calls.len() || inp.delta_net.len() != recorded.delta_net.len() {
+        return Err(err(format!(
+            "replay: {} attention and {} delta-net calls for a step recorded with {} and {}",
+            inp.attention.len(),
+            inp.delta_net.len(),
+            calls.len(),
+            recorded.delta_net.len()
+        )));
     }
-    for seq in seqs {
-        if seq.start != pos {
-            return Err(err(format!("replay at position {pos}: a sequence's layer {} is at {}", seq.layer, seq.start)));
+    let width = rec.table_width();
+    for (seqs, call) in inp.attention.iter().zip(calls) {
+        if seqs.len() != rows {
+            return Err(err(format!("replay: an attention call of {} sequences in a step of {rows}", seqs.len())));
         }
-    }
-    let used = (pos + 1).div_ceil(KV_BLOCK);
-    for (seq, call) in seqs.iter().zip(calls) {
-        let store = pool.layer(op, seq)?;
-        // Another pool (or layer) than the one the step writes into: record again over it.
-        if seq.layer != call.layer || store.keys() != call.keys || store.layout != call.layout {
-            return Ok(false);
+        for (seq, &pos) in seqs.iter().zip(inp.positions) {
+            if seq.start != pos {
+                return Err(err(format!(
+                    "replay at position {pos}: a sequence's layer {} is at {}",
+                    seq.layer, seq.start
+                )));
+            }
+            let store = pool.layer(op, seq)?;
+            // Another pool (or layer) than the one the step writes into: record again over it.
+            if seq.layer != call.layer || store.keys() != call.keys || store.layout != call.layout {
+                return Ok(false);
+            }
+            // The kernels write and read through the table: every id they use must be the layer's.
+            args::kv_table(b, op, seq, 1, KV_BLOCK, store.layout.blocks, call.window)?;
+            if (pos + 1).div_ceil(KV_BLOCK) > width {
+                return Ok(false);
+            }
         }
-        // The kernels write and read through the table: every id they use must be the layer's.
-        args::kv_table(b, op, seq, 1, KV_BLOCK, store.layout.blocks, call.window)?;
-    }
-    if used > rec.table_width() {
-        return Ok(false);
     }
     // Each table buffer's first call gives its contents; the others must agree.
-    let mut filled: Vec<Option<&[u32]>> = vec![None; tables.len()];
-    for (seq, call) in seqs.iter().zip(calls) {
-        let t = &seq.table[..used];
+    let mut filled: Vec<Option<&[KvSeq<'_>]>> = vec![None; tables.len()];
+    let same = |a: &[KvSeq<'_>], c: &[KvSeq<'_>]| {
+        a.iter().zip(c).all(|(x, y)| {
+            let used = (x.start + 1).div_ceil(KV_BLOCK);
+            x.table[..used] == y.table[..used]
+        })
+    };
+    for (seqs, call) in inp.attention.iter().zip(calls) {
         match filled[call.table] {
-            Some(first) if first != t => return Ok(false),
+            Some(first) if !same(first, seqs) => return Ok(false),
             Some(_) => {}
-            None => filled[call.table] = Some(t),
+            None => filled[call.table] = Some(seqs),
         }
     }
-    let mut host = Vec::with_capacity(1 + ids.len());
-    host.push(i32_of(pos, "position")? as u32);
-    host.extend_from_slice(ids);
+    let mut states = Vec::with_capacity(recorded.delta_net.len());
+    for (given, call) in inp.delta_net.iter().zip(&recorded.delta_net) {
+        if given.len() != rows {
+            return Err(err(format!("replay: a delta-net call of {} sequences in a step of {rows}", given.len())));
+        }
+        let ptrs: Vec<(u64, u64)> = given.iter().map(|(c, r)| (c.buffer().ptr(), r.buffer().ptr())).collect();
+        match call {
+            RecordedStates::Filled(buf) => states.push((buf, ptrs)),
+            RecordedStates::Fixed(fixed) if *fixed != ptrs => return Ok(false),
+            RecordedStates::Fixed(_) => {}
+        }
+    }
+    let mut host: Vec<u32> = Vec::with_capacity(2 * rows);
+    for &pos in inp.positions {
+        host.push(i32_of(pos, "position")? as u32);
+    }
+    host.extend_from_slice(inp.ids);
     b.copy_in(&rec.inputs, &host)?;
-    for ((buf, _), t) in tables.iter().zip(&filled) {
-        b.copy_in(buf, t.expect("every table buffer has a call"))?;
+    for ((buf, _), seqs) in tables.iter().zip(&filled) {
+        let seqs = seqs.ok_or_else(|| err("replay: a recorded table buffer no call reads"))?;
+        let mut t = Vec::with_capacity(rows * width);
+        for seq in seqs {
+            let used = (seq.start + 1).div_ceil(KV_BLOCK);
+            t.extend_from_slice(&seq.table[..used]);
+            t.extend(std::iter::repeat_n(RELEASED, width - used));
+        }
+        b.copy_in(buf, &t)?;
+    }
+    for (buf, ptrs) in states {
+        let addrs: Vec<u64> = ptrs.iter().map(|p| p.0).chain(ptrs.iter().map(|p| p.1)).collect();
+        b.copy_in(buf, &addrs)?;
     }
     drop(recorded);
     // SAFETY: the graph is alive (owned by `g`) and runs on the backend's stream after the inputs
-    // copies. Every address recorded in it is alive: its arena, inputs and tables are held by `g`,
-    // weights and recurrent states by the caller's model and sequence (which own `g`), and the KV
-    // pool's layers are the recorded storage (checked above), whose blocks the tables name
-    // (kv_table) for positions up to `pos`, within the recorded grids (table_width).
+    // copies. Every address recorded in it is alive: its arena, inputs, tables and state address
+    // buffers are held by `g`, weights by the caller's model, the states the caller passed (or
+    // that the recording holds fixed, compared above) by the caller's pool, and the KV pool's
+    // layers are the recorded storage (checked above), whose blocks the tables name (kv_table)
+    // for positions up to each row's, within the recorded grids (width).
     unsafe { result::graph::launch(g.graph.cu_graph_exec(), b.stream().cu_stream()) }
         .map_err(|e| driver_err("launching a recorded step", e))?;
     Ok(true)

@@ -22,6 +22,7 @@ use vt_core::{Backend, Error, Linear, MoeExperts, Result, Tensor};
 use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
 pub use batch::{decode_first, Logits};
+pub use decode_graph::BATCH_ROWS;
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
 pub use pool::{PoolConfig, PoolShape, PoolStats, StatePool};
 pub use state::SeqState;
@@ -95,7 +96,7 @@ impl<B: Backend> Model<B> {
             norm,
             lm_head,
             // Off until CUDA replays over the block pool are fixed (docs/performance.md).
-            record_decode: false,
+            record_decode: true,
             state_layout,
         })
     }

@@ -2,18 +2,38 @@
 //! (a CUDA graph). The model uses them where `recorder` gives one; the defaults record nothing.
 
 use super::{KvOps, KvSeq};
-use crate::Result;
+use crate::{Result, Tensor};
+
+/// What a replay of a recorded step of `rows` single-token sequences is given, each list in row
+/// order: what changes from step to step, which the recorded ops read from device memory that
+/// `replay` fills before the launch.
+pub struct ReplayInputs<'a, B: KvOps> {
+    /// Each row's token id.
+    pub ids: &'a [u32],
+    /// Each row's position.
+    pub positions: &'a [usize],
+    /// Each attention call of the step, in the order the step makes them: the rows' sequences in
+    /// its pool layer (each at `start == positions[row]`).
+    pub attention: Vec<Vec<KvSeq<'a>>>,
+    /// Each delta-net call of the step, in order: the rows' (convolution, recurrent) states.
+    pub delta_net: Vec<Vec<(&'a Tensor<B>, &'a Tensor<B>)>>,
+}
 
 pub trait StepRecording: KvOps {
     /// A recorded decode step that can run again; `()` where steps are not recorded.
     type StepGraph: Send + 'static;
 
-    /// A backend that records the ops queued on it, instead of running them, for one step of `ids`
-    /// new tokens at position `pos`: ops read the ids and the position from device memory that
-    /// `replay` fills, so the recording runs any later step of that shape. Memory it allocates
-    /// belongs to the recording. `None` where this backend does not record.
-    fn recorder(&self, ids: usize, pos: usize) -> Result<Option<Self>> {
-        let _ = (ids, pos);
+    /// Whether `recorder` gives recorders (what a caller checks before it sets anything up for one).
+    fn records(&self) -> bool {
+        false
+    }
+    /// A backend that records the ops queued on it, instead of running them, for one step of
+    /// one new token for each of `positions.len()` sequences at those positions: ops read the
+    /// ids, the positions, block tables and delta-net states from device memory that `replay`
+    /// fills, so the recording runs later steps of that shape. Memory it allocates belongs to the
+    /// recording. `None` where this backend does not record.
+    fn recorder(&self, positions: &[usize]) -> Result<Option<Self>> {
+        let _ = positions;
         Ok(None)
     }
     /// Whether this instance is a recorder (derived weight state must not be built on one).
@@ -25,19 +45,16 @@ pub trait StepRecording: KvOps {
         drop(recorder);
         Err(crate::Error::backend(self.name(), "this backend does not record steps"))
     }
-    /// Queues a recorded step for `ids` at position `pos` over the sequence's attention layers
-    /// `seqs` in `pool` (in the order the step uses them, each at `start == pos`). `Ok(false)`,
-    /// with nothing queued, where the recording no longer fits them (a table now names other
-    /// blocks, or has no room for `pos`): run the step without it.
+    /// Queues a recorded step over `pool` for `inputs`. `Ok(false)`, with nothing queued, where
+    /// the recording no longer fits them (a table has outgrown it, a pool layer or a state it
+    /// holds fixed differs): run the step without it.
     fn replay(
         &self,
         graph: &mut Self::StepGraph,
-        ids: &[u32],
-        pos: usize,
         pool: &mut Self::KvPool,
-        seqs: &[KvSeq<'_>],
+        inputs: &ReplayInputs<'_, Self>,
     ) -> Result<bool> {
-        let _ = (graph, ids, pos, pool, seqs);
+        let _ = (graph, pool, inputs);
         Err(crate::Error::backend(self.name(), "this backend does not record steps"))
     }
 }

@@ -31,6 +31,21 @@ pub fn decode_first(tokens: impl IntoIterator<Item = usize>) -> Vec<usize> {
     order
 }
 
+/// One row group of a step as the layers read it: a sequence's new tokens, where they start, its
+/// block tables and its delta-net slot (a sequence's, or the pool's padding for a recorded step).
+pub(super) struct Row<'a> {
+    pub(super) ids: &'a [u32],
+    pub(super) pos: usize,
+    pub(super) tables: &'a [Vec<u32>],
+    pub(super) slot: Option<usize>,
+}
+
+impl<'a> Row<'a> {
+    pub(super) fn of<B: Backend>(ids: &'a [u32], state: &'a SeqState<B>) -> Self {
+        Row { ids, pos: state.pos, tables: &state.tables, slot: state.slot }
+    }
+}
+
 /// Where one sequence's tokens sit in a batched step.
 pub(super) struct Span {
     /// First row in the batch.
@@ -85,14 +100,25 @@ impl<B: Backend> Model<B> {
             state.grow(&mut p, end)?;
         }
         let mut logits = None;
-        if let [(&[id], ref mut state)] = seqs {
-            if self.record_decode {
+        if self.record_decode {
+            if let [(&[id], ref mut state)] = seqs {
                 logits = self.recorded_step(id, state, &mut p)?;
+            } else if seqs.iter().all(|(ids, _)| ids.len() == 1) {
+                logits = self.recorded_batch(seqs, &mut p)?;
             }
         }
         let logits = match logits {
             Some(l) => Ok(l),
-            None => self.run_on(&self.backend, seqs, which, &mut p),
+            None => {
+                let rows: Vec<Row<'_>> = seqs.iter().map(|(ids, s)| Row::of(ids, s)).collect();
+                let logits = self.run_on(&self.backend, &rows, which, &mut p);
+                if logits.is_ok() {
+                    for (ids, state) in seqs.iter_mut() {
+                        state.pos += ids.len();
+                    }
+                }
+                logits
+            }
         };
         for (_, state) in seqs.iter_mut() {
             state.release_outside_windows(&mut p)?;
@@ -100,28 +126,21 @@ impl<B: Backend> Model<B> {
         logits
     }
 
-    /// The forward pass of `seqs` on `b` (the model's backend, or a recorder of it) over their
+    /// The forward pass of `rows` on `b` (the model's backend, or a recorder of it) over their
     /// pool `p`, whose blocks cover every position the step writes; logits come back in the
-    /// caller's order.
-    pub(super) fn run_on(
-        &self,
-        b: &B,
-        seqs: &mut [(&[u32], &mut SeqState<B>)],
-        which: Logits,
-        p: &mut PoolInner<B>,
-    ) -> Result<Tensor<B>> {
+    /// caller's order. The rows' positions are the caller's to advance.
+    pub(super) fn run_on(&self, b: &B, rows: &[Row<'_>], which: Logits, p: &mut PoolInner<B>) -> Result<Tensor<B>> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
-        let order = decode_first(seqs.iter().map(|(ids, _)| ids.len()));
-        let mut spans = Vec::with_capacity(seqs.len());
-        let mut row = 0;
+        let order = decode_first(rows.iter().map(|r| r.ids.len()));
+        let mut spans = Vec::with_capacity(rows.len());
+        let mut at = 0;
         for &i in &order {
-            let (ids, state) = &seqs[i];
-            spans.push(Span { row, len: ids.len(), start: state.pos });
-            row += ids.len();
+            spans.push(Span { row: at, len: rows[i].ids.len(), start: rows[i].pos });
+            at += rows[i].ids.len();
         }
-        let all_ids: Vec<u32> = order.iter().flat_map(|&i| seqs[i].0.iter().copied()).collect();
+        let all_ids: Vec<u32> = order.iter().flat_map(|&i| rows[i].ids.iter().copied()).collect();
         let (eps, kind) = (self.spec.eps, self.spec.norm);
         let mut x = b.embedding(table, &all_ids)?;
         // `h` is always the norm of `x` that comes next: each residual update and the following
@@ -134,7 +153,7 @@ impl<B: Backend> Model<B> {
         for (li, layer) in self.layers.iter().enumerate() {
             let mixed = match (&layer.mixer, self.state_layout.layers[li]) {
                 (Mixer::Attention(a), LayerSlot::Kv { group, pool_layer }) => {
-                    let tables: Vec<&[u32]> = order.iter().map(|&i| seqs[i].1.tables[group].as_slice()).collect();
+                    let tables: Vec<&[u32]> = order.iter().map(|&i| rows[i].tables[group].as_slice()).collect();
                     a.forward(b, &h, &spans, &mut p.kv, pool_layer, &tables, eps)?
                 }
                 (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) => {
@@ -142,8 +161,7 @@ impl<B: Backend> Model<B> {
                     let mut states = order
                         .iter()
                         .map(|&i| {
-                            let slot =
-                                seqs[i].1.slot.and_then(|s| by_slot.get_mut(s)?.take()).ok_or_else(other_model)?;
+                            let slot = rows[i].slot.and_then(|s| by_slot.get_mut(s)?.take()).ok_or_else(other_model)?;
                             Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
                         })
                         .collect::<Result<Vec<_>>>()?;
@@ -155,9 +173,6 @@ impl<B: Backend> Model<B> {
             let f = layer.ffn.forward(b, &h1)?;
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
-        }
-        for (ids, state) in seqs.iter_mut() {
-            state.pos += ids.len();
         }
         // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
         // (Where every sequence ran one token, its row is its last, in the caller's order.)

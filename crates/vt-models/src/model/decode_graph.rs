@@ -1,27 +1,46 @@
-//! Recorded decode steps: where the backend records (CUDA graphs), a sequence's single-token step
-//! is recorded once and replayed while the backend says it fits (CUDA: for 256 positions past the
-//! recorded one), so a decode step costs one launch instead of one per op. Replays compute exactly
-//! what the unrecorded step computes: the same kernels over the same memory, with the token id, the
-//! position and the block tables read from device memory.
+//! Recorded decode steps: where the backend records (CUDA graphs), a decode step is recorded once
+//! and replayed while the backend says it fits (CUDA: for 256 positions past the recorded ones),
+//! so a step costs one launch instead of one per op. Replays compute exactly what the unrecorded
+//! step of the same rows computes: the same kernels over the same memory, with the token ids, the
+//! positions, the block tables and the delta-net states' addresses read from device memory.
+//!
+//! A sequence decoding alone replays its own recording (kept in its state). Steps of several
+//! single-token sequences replay the pool's recording for the smallest bucket of `BATCH_ROWS` that
+//! holds them; rows past the sequences are padding, each over a block of each group and a
+//! delta-net slot the pool keeps for it (at most 7: the buckets are 8 apart from 8 on), and their
+//! logits are dropped.
 
-use vt_core::{Backend, KvSeq, Result, Tensor};
+use vt_core::{Backend, Error, KvSeq, ReplayInputs, Result, Tensor};
 
-use super::pool::{LayerSlot, PoolInner};
+use super::batch::Row;
+use super::pool::{GdnSlot, LayerSlot, Padding, PoolInner};
 use super::state::{Recorded, SeqState};
 use super::{Logits, Model};
 
-/// A sequence's recorded step, the model it runs (its weights are in the recording), and where its
-/// replays leave the logits (the recording's memory).
+/// Rows of the pool's batched recordings: a step of n sequences replays the first bucket >= n.
+pub const BATCH_ROWS: [usize; 18] = [2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128];
+
+/// A recorded step, the model it runs (its weights are in the recording), and where its replays
+/// leave the logits (the recording's memory).
 pub(super) struct RecordedStep<B: Backend> {
     model: u64,
     graph: B::StepGraph,
     logits: Tensor<B>,
 }
 
+/// One of a pool's batched recordings (`PoolInner::batch_steps`, with its rows).
+pub(super) enum BatchStep<B: Backend> {
+    Step(RecordedStep<B>),
+    /// Recording it failed for this model: its steps run unrecorded.
+    Failed {
+        model: u64,
+        error: Error,
+    },
+}
+
 impl<B: Backend> Model<B> {
-    /// Whether single-token steps of one sequence run as recorded steps where the backend records
-    /// (off by default: CUDA replays over the paged KV pool fault, docs/performance.md). Either
-    /// way they are meant to compute the same logits.
+    /// Whether single-token steps run as recorded steps where the backend records (on by
+    /// default). Either way they compute the same logits.
     pub fn set_recorded_decode(&mut self, on: bool) {
         self.record_decode = on;
     }
@@ -39,8 +58,9 @@ impl<B: Backend> Model<B> {
         if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
             state.recorded = Recorded::None;
         }
+        let ids = [id];
         if matches!(state.recorded, Recorded::None) {
-            match self.record(id, state, p) {
+            match self.record(&[Row::of(&ids, state)], p) {
                 Ok(Some(step)) => {
                     state.recorded = Recorded::Step(step);
                     state.recordings += 1;
@@ -52,10 +72,9 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
-        let b = &self.backend;
-        let seqs = self.kv_seqs(&state.tables, state.pos);
         let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
-        if !b.replay(&mut step.graph, &[id], state.pos, &mut p.kv, &seqs)? {
+        let rows = [Row { ids: &ids, pos: state.pos, tables: &state.tables, slot: state.slot }];
+        if !self.replay(step, &rows, p)? {
             // The tables moved on from the recording: this step runs unrecorded, the next records
             // again.
             state.recorded = Recorded::None;
@@ -63,34 +82,153 @@ impl<B: Backend> Model<B> {
         }
         state.pos += 1;
         // A copy: the next replay overwrites the recording's logits.
-        b.slice_rows(&step.logits, 0, 1).map(Some)
+        self.backend.slice_rows(&step.logits, 0, 1).map(Some)
     }
 
-    /// A sequence's attention layers in its pool, in the order a step runs them, at `pos`.
-    fn kv_seqs<'t>(&self, tables: &'t [Vec<u32>], pos: usize) -> Vec<KvSeq<'t>> {
-        (self.state_layout.layers.iter())
-            .filter_map(|l| match *l {
-                LayerSlot::Kv { group, pool_layer } => {
-                    Some(KvSeq { layer: pool_layer, table: tables[group].as_slice(), start: pos })
+    /// A step of one token of each of `seqs` (two or more) as a replay of the pool's recording
+    /// for their bucket, recorded first where it has none or it no longer fits. `None`: nothing
+    /// ran; run the step unrecorded.
+    pub(super) fn recorded_batch(
+        &self,
+        seqs: &mut [(&[u32], &mut SeqState<B>)],
+        p: &mut PoolInner<B>,
+    ) -> Result<Option<Tensor<B>>> {
+        let n = seqs.len();
+        let Some(&rows) = BATCH_ROWS.iter().find(|&&r| r >= n) else { return Ok(None) };
+        if !self.backend.records() {
+            return Ok(None);
+        }
+        let old = match p.batch_steps.iter().position(|(r, _)| *r == rows) {
+            Some(i) => match &p.batch_steps[i].1 {
+                BatchStep::Failed { model, .. } if *model == self.id => return Ok(None),
+                _ => Some(p.batch_steps.swap_remove(i).1),
+            },
+            None => None,
+        };
+        while p.padding.len() < rows - n {
+            match self.padding_row(p)? {
+                Some(pad) => p.padding.push(pad),
+                None => return Ok(None),
+            }
+        }
+        let pad = p.padding[..rows - n].to_vec();
+        let zero = [0u32];
+        let mut all: Vec<Row<'_>> = seqs.iter().map(|(ids, s)| Row::of(ids, s)).collect();
+        all.extend(pad.iter().map(|pad| Row { ids: &zero, pos: 0, tables: &pad.tables, slot: pad.slot }));
+        let replayed = match old {
+            Some(BatchStep::Step(mut step)) if step.model == self.id => {
+                self.replay(&mut step, &all, p)?.then_some(step)
+            }
+            _ => None,
+        };
+        let step = match replayed {
+            Some(step) => step,
+            None => match self.record(&all, p) {
+                Ok(Some(mut step)) => {
+                    if !self.replay(&mut step, &all, p)? {
+                        return Ok(None);
+                    }
+                    p.batch_recordings += 1;
+                    step
                 }
-                LayerSlot::Gdn(_) => None,
-            })
-            .collect()
+                Ok(None) => return Ok(None),
+                Err(error) => {
+                    p.batch_steps.push((rows, BatchStep::Failed { model: self.id, error }));
+                    return Ok(None);
+                }
+            },
+        };
+        drop(all);
+        let logits = self.backend.slice_rows(&step.logits, 0, n);
+        p.batch_steps.push((rows, BatchStep::Step(step)));
+        for (_, state) in seqs.iter_mut() {
+            state.pos += 1;
+        }
+        logits.map(Some)
     }
 
-    /// Records the step of `id` at the sequence's position; `None` where the backend does not
-    /// record. The recording has not run: `state` is left as it was (its tables already cover the
-    /// step: each replay takes the tables of its own step).
-    fn record(&self, id: u32, state: &mut SeqState<B>, p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
+    /// What a replay of `rows` over `p` is given: their ids, positions, and, per layer in step
+    /// order, their tables in its pool layer or their delta-net states.
+    fn replay_inputs<'a>(
+        &self,
+        rows: &'a [Row<'a>],
+        ids: &'a [u32],
+        positions: &'a [usize],
+        slots: &'a [Vec<GdnSlot<B>>],
+    ) -> Result<ReplayInputs<'a, B>> {
+        let mut inputs = ReplayInputs { ids, positions, attention: Vec::new(), delta_net: Vec::new() };
+        for l in &self.state_layout.layers {
+            match *l {
+                LayerSlot::Kv { group, pool_layer } => inputs.attention.push(
+                    rows.iter()
+                        .map(|r| KvSeq { layer: pool_layer, table: r.tables[group].as_slice(), start: r.pos })
+                        .collect(),
+                ),
+                LayerSlot::Gdn(g) => inputs.delta_net.push(
+                    rows.iter()
+                        .map(|r| {
+                            let s = r
+                                .slot
+                                .and_then(|s| slots[g].get(s))
+                                .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
+                            Ok((&s.conv, &s.recurrent))
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+            }
+        }
+        Ok(inputs)
+    }
+
+    /// Queues `step` over `rows` (one token each) in `p`; `false` where it no longer fits them.
+    fn replay(&self, step: &mut RecordedStep<B>, rows: &[Row<'_>], p: &mut PoolInner<B>) -> Result<bool> {
+        let ids: Vec<u32> = rows.iter().map(|r| r.ids[0]).collect();
+        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+        let PoolInner { kv, slots, .. } = p;
+        let inputs = self.replay_inputs(rows, &ids, &positions, slots)?;
+        self.backend.replay(&mut step.graph, kv, &inputs)
+    }
+
+    /// Records the step of `rows` (one token each) over `p`; `None` where the backend does not
+    /// record. The recording has not run: nothing changed (the tables already cover the step:
+    /// each replay takes the tables of its own step).
+    fn record(&self, rows: &[Row<'_>], p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
         let b = &self.backend;
         // The weights' derived state is built outside the recording (a recorder cannot build it).
         self.prepare()?;
-        let Some(recorder) = b.recorder(1, state.pos)? else { return Ok(None) };
-        let pos = state.pos;
-        let logits = self.run_on(&recorder, &mut [(&[id], &mut *state)], Logits::Last, p);
-        state.pos = pos;
-        let logits = logits?;
+        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+        let Some(recorder) = b.recorder(&positions)? else { return Ok(None) };
+        let logits = self.run_on(&recorder, rows, Logits::Last, p)?;
         let graph = b.finish_recording(recorder)?;
         Ok(Some(RecordedStep { model: self.id, graph, logits }))
+    }
+
+    /// A padding row for the pool's recorded steps: a block of each group (at position 0) and a
+    /// delta-net slot past the sequences' ones, taken now; `None` where the pool has no block to
+    /// spare.
+    fn padding_row(&self, p: &mut PoolInner<B>) -> Result<Option<Padding>> {
+        let mut tables = Vec::with_capacity(p.groups.len());
+        for g in 0..p.groups.len() {
+            match p.groups[g].alloc() {
+                Some(block) => tables.push(vec![block]),
+                None => {
+                    for (g, t) in tables.iter().enumerate() {
+                        p.groups[g].release(t[0])?;
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let slot = if self.state_layout.gdn.is_empty() {
+            None
+        } else {
+            // Padding never takes a sequence's place.
+            let b = &self.backend;
+            for (layer, (conv, rec)) in p.slots.iter_mut().zip(&self.state_layout.gdn) {
+                layer.push(GdnSlot { conv: b.zeros(conv)?, recurrent: b.zeros_f32(rec)? });
+            }
+            p.slots.first().map(|l| l.len() - 1)
+        };
+        Ok(Some(Padding { tables, slot }))
     }
 }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vt_core::blocks::BlockAllocator;
 use vt_core::{Backend, Error, KvLayout, Result, Tensor};
 
+use super::decode_graph::BatchStep;
 use super::layer::Mixer;
 use super::Model;
 
@@ -187,6 +188,21 @@ pub(super) struct PoolInner<B: Backend> {
     pub(super) slots: Vec<Vec<GdnSlot<B>>>,
     free_slots: BTreeSet<usize>,
     slots_total: usize,
+    /// Recorded steps of several sequences, with their rows (decode_graph.rs).
+    pub(super) batch_steps: Vec<(usize, BatchStep<B>)>,
+    /// Recorded steps of several sequences made so far.
+    pub(super) batch_recordings: usize,
+    /// Where a recorded step's padding rows write, one each, taken as padded steps first need
+    /// them.
+    pub(super) padding: Vec<Padding>,
+}
+
+/// A padding row of a pool's recorded steps: a block of each group, at position 0, and a
+/// delta-net slot past the sequences' ones.
+#[derive(Clone)]
+pub(super) struct Padding {
+    pub(super) tables: Vec<Vec<u32>>,
+    pub(super) slot: Option<usize>,
 }
 
 pub(super) type Shared<B> = Arc<Mutex<PoolInner<B>>>;
@@ -226,6 +242,16 @@ impl<B: Backend> StatePool<B> {
     /// Blocks and slots in use and in all.
     pub fn stats(&self) -> PoolStats {
         lock(&self.shared).stats()
+    }
+
+    /// Recorded steps of several sequences made so far, and why any failed to record.
+    pub fn batch_recordings(&self) -> (usize, Vec<String>) {
+        let p = lock(&self.shared);
+        let failed = p.batch_steps.iter().filter_map(|(rows, s)| match s {
+            BatchStep::Failed { error, .. } => Some(format!("{rows} rows: {error}")),
+            BatchStep::Step(_) => None,
+        });
+        (p.batch_recordings, failed.collect())
     }
 
     /// Free blocks of each group.
@@ -307,6 +333,9 @@ impl<B: Backend> Model<B> {
             slots: slot_tensors,
             free_slots: (0..slots).collect(),
             slots_total: slots,
+            batch_steps: Vec::new(),
+            batch_recordings: 0,
+            padding: Vec::new(),
         };
         Ok(StatePool { shared: Arc::new(Mutex::new(inner)) })
     }

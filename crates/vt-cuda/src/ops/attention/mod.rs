@@ -58,7 +58,7 @@ pub(crate) fn attention(
     let (pos_at, table, width) = match recording {
         Some(r) => {
             check(t == 1, op, || format!("a recorded step takes one token a sequence, not {t}"))?;
-            let table = r.table_at(op, &seq, store, p.window, |bytes| b.buffer(bytes))?;
+            let table = r.table_at(op, &[seq], store, p.window)?;
             (r.pos_at(op, start)?, table, r.table_width())
         }
         None => {
@@ -214,30 +214,37 @@ pub(crate) fn decode_step(
     for seq in seqs {
         args::kv_table(b, op, seq, 1, KV_BLOCK, store.layout.blocks, p.window)?;
     }
-    // A recorded step takes one sequence (`attention`).
-    check(b.recording().is_none(), op, || "a recorded step runs one sequence".into())?;
     check(decode_fits(head_dim), op, || format!("the decode kernels do not take head dim {head_dim}"))?;
     let (pq, pk, pv) = (act(q, op)?, act(k, op)?, act(v, op)?);
-    // `[positions: n, tables: n x width]`, the tables padded with RELEASED (never read).
-    let width = seqs.iter().map(|s| (s.start + 1).div_ceil(KV_BLOCK)).max().unwrap_or(1);
-    let mut host = Vec::with_capacity(n * (1 + width));
-    for s in seqs {
-        host.push(i32_of(s.start, "position")? as u32);
-    }
-    for s in seqs {
-        let used = (s.start + 1).div_ceil(KV_BLOCK);
-        host.extend_from_slice(&s.table[..used]);
-        host.extend(std::iter::repeat_n(RELEASED, width - used));
-    }
-    let inputs = b.upload_slice(&host)?;
     let window = p.window.unwrap_or(0);
-    let last = seqs.iter().map(|s| s.start).max().unwrap_or(0);
-    let batch = Batch {
-        n,
-        positions: inputs.ptr(),
-        tables: inputs.ptr() + 4 * n as u64,
-        width,
-        keys: decode::visible(last, window),
+    // A recorded step reads the positions and tables from buffers its replays fill, and its grid
+    // covers every position they may reach; otherwise they travel with the call: `[positions: n,
+    // tables: n x width]`, the tables padded with RELEASED (never read).
+    let inputs;
+    let batch = match b.recording() {
+        Some(r) => {
+            let starts: Vec<usize> = seqs.iter().map(|s| s.start).collect();
+            let positions = r.positions_at(op, &starts)?;
+            let tables = r.table_at(op, seqs, store, p.window)?;
+            let width = r.table_width();
+            Batch { n, positions, tables, width, keys: decode::visible(width * KV_BLOCK - 1, window) }
+        }
+        None => {
+            let width = seqs.iter().map(|s| (s.start + 1).div_ceil(KV_BLOCK)).max().unwrap_or(1);
+            let mut host = Vec::with_capacity(n * (1 + width));
+            for s in seqs {
+                host.push(i32_of(s.start, "position")? as u32);
+            }
+            for s in seqs {
+                let used = (s.start + 1).div_ceil(KV_BLOCK);
+                host.extend_from_slice(&s.table[..used]);
+                host.extend(std::iter::repeat_n(RELEASED, width - used));
+            }
+            inputs = b.upload_slice(&host)?;
+            let last = seqs.iter().map(|s| s.start).max().unwrap_or(0);
+            let (positions, tables) = (inputs.ptr(), inputs.ptr() + 4 * n as u64);
+            Batch { n, positions, tables, width, keys: decode::visible(last, window) }
+        }
     };
     let out = b.empty(DType::BF16, q.shape())?;
     let (qr, kr) = (b.empty(DType::BF16, q.shape())?, b.empty(DType::BF16, k.shape())?);
