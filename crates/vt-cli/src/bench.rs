@@ -352,3 +352,73 @@ where
     );
     Ok(())
 }
+
+/// Workload 5(b) of #30: how many sequences of `context` positions the pool holds at once.
+pub struct Hold {
+    pub context: usize,
+    /// Sequences submitted at once, and the engine's limit on running ones.
+    pub seqs: usize,
+    /// Tokens each generates (its prompt is the rest of the context).
+    pub gen_len: usize,
+    pub gpu_memory_utilization: f64,
+    pub prefix_cache: bool,
+}
+
+/// Runs `w`: submits every sequence, steps until all finish, and reports the most that ran at
+/// once and the blocks they held, beside what the pool's sizes allow (its blocks over a
+/// sequence's, and its linear-attention slots).
+pub fn run_hold<B: Backend>(model: Model<B>, w: &Hold) -> Result<()>
+where
+    Model<B>: Send,
+{
+    let config = EngineConfig {
+        max_seqs: w.seqs,
+        max_batch_tokens: 8192,
+        max_queue: w.seqs,
+        max_context: w.context,
+        gpu_memory_utilization: w.gpu_memory_utilization,
+        prefix_cache: w.prefix_cache,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(model, config)?;
+    let shape = engine.pool_shape().clone();
+    let per_seq = shape.peak_blocks(w.context, 8192);
+    let stats = engine.pool_stats();
+    let by_blocks =
+        (shape.totals().iter().zip(&per_seq)).map(|(&total, &need)| total / need.max(1)).min().unwrap_or(usize::MAX);
+    let vocab = engine.model().spec().vocab;
+    let prompt_len = w.context - w.gen_len;
+    for i in 0..w.seqs {
+        let prompt = (0..prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
+        let req = Request { prompt, max_tokens: w.gen_len, sampling: SamplingParams::greedy(), ..Default::default() };
+        engine.add(req, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
+    }
+    let started = Instant::now();
+    let (mut peak, mut peak_blocks) = (0, 0);
+    while engine.has_work() {
+        engine.step();
+        let used = engine.pool_stats().blocks_used;
+        if engine.running() > peak || (engine.running() == peak && used > peak_blocks) {
+            (peak, peak_blocks) = (engine.running(), used);
+        }
+    }
+    println!(
+        "pool: {} blocks of {} positions ({:?} a sequence of {} positions: room for {by_blocks}), {} linear-attention slots ({} for sequences, the rest prefix-cache snapshots)",
+        stats.blocks_total,
+        shape.block_size(),
+        per_seq,
+        w.context,
+        stats.slots_total,
+        w.seqs.min(stats.slots_total),
+    );
+    println!(
+        "held {peak} of {} sequences of {} positions at once ({} blocks in use), {} preempted, in {:.1} s; the pool's arithmetic allows {}",
+        w.seqs,
+        w.context,
+        peak_blocks,
+        engine.preemptions(),
+        started.elapsed().as_secs_f64(),
+        by_blocks.min(w.seqs)
+    );
+    Ok(())
+}

@@ -273,6 +273,11 @@ enum Command {
         /// Run the multi-turn workload without prefix caching (the cold figures).
         #[arg(long)]
         no_prefix_cache: bool,
+        /// Run the concurrency workload instead: as many sequences as the first `--batch` value
+        /// (the engine's sequence limit), each a prompt of this context less `--gen-len`,
+        /// submitted at once; reports how many the pool held at once against its arithmetic.
+        #[arg(long, value_parser = count(2, 1 << 20), conflicts_with = "shared_prefix")]
+        hold_context: Option<usize>,
     },
 }
 
@@ -520,6 +525,7 @@ where
             conversations,
             turns,
             no_prefix_cache,
+            hold_context,
         } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
@@ -535,6 +541,17 @@ where
                     gpu_memory_utilization: *gpu_memory_utilization,
                 };
                 bench::run_multi_turn(m, &w, !no_prefix_cache)?;
+                return Ok(());
+            }
+            if let Some(context) = *hold_context {
+                let w = bench::Hold {
+                    context,
+                    seqs: batch.first().copied().unwrap_or(1),
+                    gen_len: (*gen_len).min(context - 1),
+                    gpu_memory_utilization: *gpu_memory_utilization,
+                    prefix_cache: !no_prefix_cache,
+                };
+                bench::run_hold(m, &w)?;
                 return Ok(());
             }
             let bandwidth = match model.backend {

@@ -459,6 +459,11 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The pool's blocks and slots in use and in all.
+    /// The pool's block groups and their sizes.
+    pub fn pool_shape(&self) -> &PoolShape {
+        &self.limits.pool
+    }
+
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
     }

@@ -145,6 +145,11 @@ impl PoolShape {
         self.layout.block
     }
 
+    /// Blocks of each group.
+    pub fn totals(&self) -> &[usize] {
+        &self.totals
+    }
+
     /// Blocks of each group a sequence of `tokens` positions holds at most, run in steps of at
     /// most `chunk` tokens.
     pub fn peak_blocks(&self, tokens: usize, chunk: usize) -> Vec<usize> {
