@@ -113,17 +113,16 @@ __device__ float block_sum(float v) {
 }
 
 // One matrix `[n, k]` in its stored form; mirrors vt-cuda's `WeightDesc` (#[repr(C)]).
-// NVFP4: `data` holds e2m1 codes (even element in the low nibble), `scales` one fp8 e4m3 per 16
-// inputs; every row is scaled by `global[0]` (a repacked gate/up pair, w4a16.cu, keeps the up
-// half's multiplier in global[1]).
+// NVFP4: `data` holds e2m1 codes and `scales` one fp8 e4m3 per 16 inputs, both in the tiled
+// layout of nvfp4.cuh; every row is scaled by `global[0]`.
 // FP8: `data` holds e4m3 values, `scales` one f32 per block of `block[0]` rows and `block[1]`
 // inputs, ceil(k / block[1]) a scale row (the last block of a dimension may be partial).
 struct WeightDesc {
     u64 data;
     u64 scales;
-    // NVFP4: the per-tensor multiplier in global[0] (a repacked gate/up pair keeps the up half's in
-    // [1]). FP8 has none: the slots hold its block, rows and inputs per scale. Sharing them keeps the
-    // struct at 32 bytes, which the decode kernels' shared-memory tables and occupancy are sized for.
+    // NVFP4: the per-tensor multiplier in global[0]. FP8 has none: the slots hold its block, rows
+    // and inputs per scale. Sharing them keeps the struct at 32 bytes, which the decode kernels'
+    // shared-memory tables and occupancy are sized for.
     union {
         float global[2];
         int block[2];
@@ -135,10 +134,14 @@ struct WeightDesc {
 // Weight element (row, j) as f32, for a weight of kind KIND.
 template <int KIND> __device__ __forceinline__ float w_at(const WeightDesc& w, long long row, int j) {
     if constexpr (KIND == DT_NVFP4) {
-        unsigned char byte = ((const unsigned char*)w.data)[(row * w.k + j) >> 1];
-        unsigned code = (j & 1) ? (byte >> 4) : (byte & 15u);
-        unsigned char s = ((const unsigned char*)w.scales)[row * (w.k / 16) + j / 16];
-        return e2m1(code) * (f8e4m3(s) * w.global[0]);
+        // Tile (row / 16, j / 64) of nvfp4.cuh's layout; in it, step s, lane 4 g + c, element e.
+        long long tile = (row >> 4) * ((w.k + NV4_K - 1) / NV4_K) + j / NV4_K;
+        int r = row & 15, g = r & 7, h = r >> 3, jj = j % NV4_K, s = jj >> 4, kk = jj & 15;
+        int c = (kk >> 1) & 3, e = 4 * h + 2 * (kk >> 3) + (kk & 1);
+        unsigned word = ((const unsigned*)w.data)[tile * (NV4_ROWS * NV4_K / 8) + (4 * g + c) * 4 + s];
+        unsigned code = ((word >> (4 * e)) & 7u) | (((word >> (3 + 4 * (e >> 1) + 16 * (e & 1))) & 1u) << 3);
+        unsigned char sc = ((const unsigned char*)w.scales)[tile * (NV4_ROWS * NV4_K / 16) + 8 * g + 4 * h + s];
+        return e2m1(code) * (f8e4m3(sc) * w.global[0]);
     } else if constexpr (KIND == DT_FP8) {
         // The f32 product transformers dequantizes to (and vt-cpu computes).
         int scale_cols = (w.k + w.block[1] - 1) / w.block[1];

@@ -1,13 +1,15 @@
 // Decode-time linear layers: a few tokens against weights that are read once, 16 bytes per lane
 // per load, several loads in flight per lane before any arithmetic (decode is bound by the
-// latency of those loads, not by FLOPs). Weights are bf16 or NVFP4 W4A16 (weight_chunks.cuh).
+// latency of those loads, not by FLOPs). Weights are bf16 (weight_chunks.cuh) or NVFP4 W4A16
+// (nvfp4.cuh).
 //
-// gemv_bf16 / gemv_nvfp4: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS
-// weights that share the input in one launch (a mixer's projections; a MoE block's router and
-// shared-expert gate, as f32 logits); gemv_bf16_mma*: the same for bf16 from 3 tokens, on tensor
-// cores.
+// gemv_bf16: dense linear layers for t <= GEMV_MAX_T tokens, up to GEMV_MAX_PARTS weights that
+// share the input in one launch (a mixer's projections; a MoE block's router and shared-expert
+// gate, as f32 logits); gemv_bf16_mma*: the same for bf16 from 3 tokens, on tensor cores;
+// gemv_nvfp4*: NVFP4 for 1 to GEMV_MMA_MAX_T tokens, on tensor cores.
 
 #include "weight_chunks.cuh"
+#include "nvfp4.cuh"
 
 // GEMV_ROWS: rows per warp in gemv_*, each x chunk loaded is used GEMV_ROWS times.
 // Chunks each lane loads before it computes.
@@ -25,8 +27,8 @@ __device__ __forceinline__ void store_y(void* y, bool f32_out, long long at, flo
 // + [0, GEMV_ROWS), its warps splitting each row's chunks (ks in {1, 2, 4}): a layer of few rows
 // then still has enough loads in flight, where a warp per row pair would leave most SMs idle and
 // stream each row in several dependent rounds. k % ELEMS == 0.
-template <bool FP4, int MAXT> __device__ void gemv(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
-    typedef Fmt<FP4> F;
+template <int MAXT> __device__ void gemv(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block, int ks) {
+    typedef Bf16Chunks F;
     __shared__ float part[4][MAXT][GEMV_ROWS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % ks;
     int r0 = (block * (4 / ks) + warp / ks) * GEMV_ROWS;
@@ -42,13 +44,12 @@ template <bool FP4, int MAXT> __device__ void gemv(void* y, int ld, bool f32_out
         for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.0f;
     int nc = w.k / F::ELEMS, step = 32 * ks, first = lane + 32 * slice;
     uint4 v[CHUNKS][GEMV_ROWS];
-    unsigned s[CHUNKS][GEMV_ROWS];
     auto load_round = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < CHUNKS; u++)
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++)
-                if (c0 + step * u < nc) F::load(w, rows[r], c0 + step * u, v[u][r], s[u][r]);
+                if (c0 + step * u < nc) F::load(w, rows[r], c0 + step * u, v[u][r]);
     };
     // The first round of weights is in flight before the previous kernel (which writes x) ends.
     load_round(first);
@@ -62,9 +63,9 @@ template <bool FP4, int MAXT> __device__ void gemv(void* y, int ld, bool f32_out
             for (int i = 0; i < MAXT; i++) {
                 if (i >= t) break;
                 float xf[F::ELEMS];
-                load_xchunk<FP4>(x + (long long)i * w.k, c0 + step * u, xf);
+                load_xchunk(x + (long long)i * w.k, c0 + step * u, xf);
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += F::dot(v[u][r], s[u][r], xf);
+                for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += F::dot(v[u][r], xf);
             }
         }
     }
@@ -75,7 +76,7 @@ template <bool FP4, int MAXT> __device__ void gemv(void* y, int ld, bool f32_out
         for (int r = 0; r < GEMV_ROWS; r++) {
             float sum = warp_sum(acc[i][r]);
             if (ks == 1) {
-                if (lane == 0 && r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::scale(w));
+                if (lane == 0 && r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum);
             } else if (lane == 0) {
                 part[warp][i][r] = sum;
             }
@@ -89,7 +90,7 @@ template <bool FP4, int MAXT> __device__ void gemv(void* y, int ld, bool f32_out
         int i = e / GEMV_ROWS, r = e % GEMV_ROWS;
         float sum = 0.0f;
         for (int j = 0; j < ks; j++) sum += part[warp + j][i][r];
-        if (r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum * F::scale(w));
+        if (r0 + r < n) store_y(y, f32_out, (long long)i * ld + r0 + r, sum);
     }
 }
 
@@ -116,10 +117,10 @@ __device__ __forceinline__ int part_of(const GemvParts& p) {
     return part;
 }
 
-template <bool FP4, int MAXT> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
+template <int MAXT> __device__ void gemv_parts(const GemvParts& p, const bf16* x, int t) {
     grid_dep_trigger();
     int part = part_of(p);
-    gemv<FP4, MAXT>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
+    gemv<MAXT>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part], p.ks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,10 +235,88 @@ extern "C" __global__ void gemv_bf16_mma2(GemvParts p, const bf16* x, int t) { g
 extern "C" __global__ void gemv_bf16_mma1_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1, 2>(p, x, t); }
 extern "C" __global__ void gemv_bf16_mma2_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2, 2>(p, x, t); }
 
-// Up to GEMV_MAX_T tokens; the _t1 kernels take one token with a single accumulator per row: 60
-// registers a thread instead of 84 for bf16 (113 instead of 177 for NVFP4), so more blocks, and
-// more loads, are resident per SM at batch 1.
-extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<false, GEMV_MAX_T>(p, x, t); }
-extern "C" __global__ void gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_parts<true, GEMV_MAX_T>(p, x, t); }
-extern "C" __global__ void gemv_bf16_t1(GemvParts p, const bf16* x, int t) { gemv_parts<false, 1>(p, x, t); }
-extern "C" __global__ void gemv_nvfp4_t1(GemvParts p, const bf16* x, int t) { gemv_parts<true, 1>(p, x, t); }
+// Up to GEMV_MAX_T tokens; the _t1 kernel takes one token with a single accumulator per row: 60
+// registers a thread instead of 84, so more blocks, and more loads, are resident per SM at batch 1.
+extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<GEMV_MAX_T>(p, x, t); }
+extern "C" __global__ void gemv_bf16_t1(GemvParts p, const bf16* x, int t) { gemv_parts<1>(p, x, t); }
+
+// ---------------------------------------------------------------------------------------------
+// NVFP4 linear layers for 1..GEMV_MMA_MAX_T tokens on tensor cores. On CUDA cores each code cost a
+// conversion and an FMA per token, which made these layers issue-bound at a fraction of the
+// bandwidth their quarter of the bytes allows; here a lane's 16 bytes of a tile (nvfp4.cuh) are
+// one A fragment of 16 rows for each of 4 k steps, decoded in registers, and the tokens are the
+// MMA's 8 (NB = 2: 16) columns, so the arithmetic per byte does not grow with the tokens.
+//
+// Block: GEMV_NV4_WARPS warps on one 16-row block, warp j taking the k tiles j, j + W, ... with
+// NV4_U tiles in flight; the warps' sums are added in a fixed order. Lane (g, c)'s B fragment is
+// token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the step (zeros past t); C: c0/c1 row
+// g, tokens 8 nb + 2c, 2c + 1; c2/c3 row g + 8.
+#define NV4_U 4
+template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
+    constexpr int W = GEMV_NV4_WARPS;
+    __shared__ float part[W][NB][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int kt_n = nv4_k_tiles(w);
+    long long tile0 = (long long)block * kt_n;
+    const bf16* xrow[NB];
+    bool x_ok[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        x_ok[nb] = 8 * nb + g < t;
+        xrow[nb] = x + (x_ok[nb] ? (long long)(8 * nb + g) * w.k : 0) + 2 * c;
+    }
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nb][i] = 0.0f;
+    uint4 q[NV4_U];
+    uint2 sc[NV4_U];
+    auto load_round = [&](int kt0) {
+#pragma unroll
+        for (int u = 0; u < NV4_U; u++)
+            if (kt0 + W * u < kt_n) nv4_load(w, tile0 + kt0 + W * u, lane, q[u], sc[u]);
+    };
+    auto b_frag = [&](int nb, int k0, unsigned& b0, unsigned& b1) {
+        b0 = x_ok[nb] ? *(const unsigned*)(xrow[nb] + k0) : 0u;
+        b1 = x_ok[nb] ? *(const unsigned*)(xrow[nb] + k0 + 8) : 0u;
+    };
+    // The first round of weights is in flight before the previous kernel (which writes x) ends.
+    load_round(warp);
+    grid_dep_wait();
+    for (int kt0 = warp; kt0 < kt_n; kt0 += W * NV4_U) {
+        if (kt0 != warp) load_round(kt0);
+#pragma unroll
+        for (int u = 0; u < NV4_U; u++) {
+            int kt = kt0 + W * u;
+            if (kt >= kt_n) break;
+            nv4_tile_mma<NB>(acc, q[u], sc[u], kt * NV4_K, w.k, b_frag);
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) part[warp][nb][i][lane] = acc[nb][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < W; j++) sum += part[j][nb][i][lane];
+            int row = NV4_ROWS * block + g + 8 * (i >> 1), tok = 8 * nb + 2 * c + (i & 1);
+            if (row < n && tok < t) store_y(y, f32_out, (long long)tok * ld + row, sum * w.global[0]);
+        }
+}
+
+template <int NB> __device__ void gemv_nv4_parts(const GemvParts& p, const bf16* x, int t) {
+    grid_dep_trigger();
+    int part = part_of(p);
+    gemv_nv4<NB>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+}
+
+// Up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T.
+extern "C" __global__ void gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1>(p, x, t); }
+extern "C" __global__ void gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2>(p, x, t); }

@@ -6,6 +6,7 @@
 
 #include "route.cuh"
 #include "weight_chunks.cuh"
+#include "nvfp4.cuh"
 
 // The shared expert (vt-cuda's `SharedDesc`): `present` 0 when the block has none; `gated` 1 when
 // it is scaled by sigmoid of the last logit column.
@@ -31,29 +32,27 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
 }
 
 // Chunks of each row a gate/up lane has in flight before it computes, both rows of its unit at
-// once. At Qwen3.5's hidden 2048: four rounds of 2 for bf16, whose 48 registers a thread let all
-// 1152 blocks of the 8 + 1 slots be resident at once (rounds of 4 took 62 registers, fewer blocks
-// a SM, and were slower: docs/performance.md), and one round for NVFP4 (a row is 64 chunks).
+// once. At Qwen3.5's hidden 2048: four rounds of 2, whose 48 registers a thread let all 1152
+// blocks of the 8 + 1 slots be resident at once (rounds of 4 took 62 registers, fewer blocks a
+// SM, and were slower: docs/performance.md).
 #define MOE_CHUNKS_BF16 2
-#define MOE_CHUNKS_NVFP4 2
 
-// Dots of row `row` of the ROWS weights w[] with x's chunks [0, k / ELEMS) (f32 or bf16), by one
+// Dots of row `row` of the ROWS bf16 weights w[] with x's chunks [0, k / 8) (f32 or bf16), by one
 // warp; every lane gets the sums. With `wait`, the lanes execute grid_dep_wait once their first
 // loads are in flight (x may come from the previous kernel).
-template <bool FP4, int ROWS, typename X>
+template <int ROWS, typename X>
 __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, const X* x, bool wait, float* dots) {
-    typedef Fmt<FP4> F;
-    constexpr int CH = FP4 ? MOE_CHUNKS_NVFP4 : MOE_CHUNKS_BF16;
+    typedef Bf16Chunks F;
+    constexpr int CH = MOE_CHUNKS_BF16;
     int lane = threadIdx.x & 31, nc = w[0].k / F::ELEMS;
     float acc[ROWS] = {};
     for (int i0 = lane; i0 < nc; i0 += 32 * CH) {
         uint4 v[CH][ROWS];
-        unsigned sc[CH][ROWS];
 #pragma unroll
         for (int j = 0; j < CH; j++)
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                if (i0 + 32 * j < nc) F::load(w[r], row, i0 + 32 * j, v[j][r], sc[j][r]);
+                if (i0 + 32 * j < nc) F::load(w[r], row, i0 + 32 * j, v[j][r]);
         if (wait) {
             grid_dep_wait();
             wait = false;
@@ -62,14 +61,14 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
         for (int j = 0; j < CH; j++) {
             if (i0 + 32 * j >= nc) break;
             float xf[F::ELEMS];
-            load_xchunk<FP4>(x, i0 + 32 * j, xf);
+            load_xchunk(x, i0 + 32 * j, xf);
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) acc[r] += F::dot(v[j][r], sc[j][r], xf);
+            for (int r = 0; r < ROWS; r++) acc[r] += F::dot(v[j][r], xf);
         }
     }
     if (wait) grid_dep_wait();  // a lane with no chunks
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) dots[r] = warp_sum(acc[r]) * F::scale(w[r]);
+    for (int r = 0; r < ROWS; r++) dots[r] = warp_sum(acc[r]);
 }
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
@@ -77,7 +76,6 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
 // (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
 // 4 * blockIdx.y + j. Each slot's first block also writes the slot's down matrix to down_desc, so
 // that the down kernel reads it in one step instead of two dependent ones (ids, then the table).
-template <bool FP4>
 __device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
                                 const SharedDesc& sh, int slots, int inter) {
     int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
@@ -97,32 +95,30 @@ __device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* sl
     bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
     if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
     float d[2];
-    warp_dots<FP4, 2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
+    warp_dots<2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
     if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
     if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
 }
 
-// The down kernel runs one resident wave (a grid of MOE_DEC_WAVE_* blocks per SM): each block
-// takes an equal share of the output rows, a token at a time, and its warps stream them. An item's
-// loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 bf16 chunks per lane,
-// or 4.5 NVFP4 chunks of each of 4 rows). Each block copies the slots' weight descriptors to
-// shared memory and, meanwhile, each token's SwiGLU activations to dynamic shared memory, where
-// every warp's chunk reads find them at once (read from global memory, each of those reads waited
-// on a round trip to L2 between the weight loads and the arithmetic). NVFP4 decodes its chunks in
-// registers (210 of them), so one block of it fits an SM without spilling.
+// The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM): each
+// block takes an equal share of the output rows, a token at a time, and its warps stream them. An
+// item's loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 chunks per
+// lane). Each block copies the slots' weight descriptors to shared memory and, meanwhile, each
+// token's SwiGLU activations to dynamic shared memory, where every warp's chunk reads find them
+// at once (read from global memory, each of those reads waited on a round trip to L2 between the
+// weight loads and the arithmetic).
 // Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
 // of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
 #define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
 
 // out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]) (down_slot: the
 // slot's down_desc, written by the gate/up kernel): a row's chunks run over the slots in order,
-// lane l taking chunks l + 32 j. An item is R rows of one token (R = 4 for NVFP4; hidden % 4 == 0
-// as NVFP4 gate/up rows are whole 32-code chunks). Dynamic shared memory: slots * inter floats.
-template <bool FP4>
+// lane l taking chunks l + 32 j. An item is a row of one token. Dynamic shared memory: slots *
+// inter floats.
 __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t, int slots,
                              int hidden, int inter) {
-    typedef Fmt<FP4> F;
-    constexpr int R = FP4 ? 4 : 1, J = FP4 ? 5 : 18;
+    typedef Bf16Chunks F;
+    constexpr int R = 1, J = 18;
     extern __shared__ float4 dyn[];
     float* as = (float*)dyn;
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
@@ -145,7 +141,7 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
     stage(first / groups);
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
         dn[s] = down_desc[s];
-        mul[s] = slot_w[s] * F::scale(dn[s]);
+        mul[s] = slot_w[s];
     }
     for (int tok = first / groups; tok * groups < last; tok++) {
         if (tok > first / groups) {
@@ -164,13 +160,12 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
                 // Chunk i = i0 + 32 j is chunk c of slot sl (i / nc, i % nc), stepped along without
                 // a division per chunk.
                 uint4 v[J][R];
-                unsigned sc[J][R];
                 int sl = i0 / nc, c = i0 % nc;
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     if (i0 + 32 * j < total)
 #pragma unroll
-                        for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r], sc[j][r]);
+                        for (int r = 0; r < R; r++) F::load(d[sl], r0 + r, c, v[j][r]);
                     for (c += 32; c >= nc; c -= nc) sl++;
                 }
                 sl = i0 / nc, c = i0 % nc;
@@ -181,7 +176,7 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
                     // Chunk i of the row (chunk c of slot sl) meets element i * ELEMS of the staged slots.
                     const float* xf = as + i * F::ELEMS;
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], sc[j][r], xf);
+                    for (int r = 0; r < R; r++) acc[r] += m[sl] * F::dot(v[j][r], xf);
                     for (c += 32; c >= nc; c -= nc) sl++;
                 }
             }
@@ -196,19 +191,152 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
 
 extern "C" __global__ void moe_dec_gate_up_bf16(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
                                                 SharedDesc sh, int slots, int inter) {
-    moe_dec_gate_up<false>(act, down_desc, slot_ids, x, table, sh, slots, inter);
-}
-extern "C" __global__ void moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
-                                                 SharedDesc sh, int slots, int inter) {
-    moe_dec_gate_up<true>(act, down_desc, slot_ids, x, table, sh, slots, inter);
+    moe_dec_gate_up(act, down_desc, slot_ids, x, table, sh, slots, inter);
 }
 // One resident wave of down blocks (see moe_dec_down).
-#define MOE_DEC_DOWN(wave) extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, wave)
-MOE_DEC_DOWN(MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
-                                                  int slots, int hidden, int inter) {
-    moe_dec_down<false>(out, act, down_desc, slot_w, t, slots, hidden, inter);
+extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const WeightDesc* down_desc,
+                                                                                               const float* slot_w, int t, int slots, int hidden, int inter) {
+    moe_dec_down(out, act, down_desc, slot_w, t, slots, hidden, inter);
 }
-MOE_DEC_DOWN(MOE_DEC_WAVE_NVFP4) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t,
-                                                   int slots, int hidden, int inter) {
-    moe_dec_down<true>(out, act, down_desc, slot_w, t, slots, hidden, inter);
+
+// ---- NVFP4 experts on tensor cores (nvfp4.cuh's layout): a 16-row block of a weight per warp
+// and k tile, its lane's 16 bytes the A fragments of 4 k steps, the slot's one token the B
+// operand's column 0 (lanes g = 0; the other columns are zeros). The arithmetic per byte is then a
+// few instructions, where decoding each code for a CUDA-core dot made these kernels issue-bound. ----
+
+// Warps of an NVFP4 gate/up block and the tiles each has in flight per weight.
+#define MOE_NV4_WARPS 4
+#define MOE_NV4_U 4
+
+// act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for units u of row block blockIdx.y of every
+// (token, slot) blockIdx.x (experts as moe_dec_gate_up's). Grid (t * slots, ceil(inter / 16)),
+// 32 MOE_NV4_WARPS threads: warp j takes the k tiles j, j + W, ... of both weights, the warps'
+// sums are added in a fixed order. Each slot's first block writes the slot's down matrix to
+// down_desc, as moe_dec_gate_up does.
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x,
+                                                                                    const WeightDesc* table, SharedDesc sh, int slots, int inter) {
+    constexpr int W = MOE_NV4_WARPS, U = MOE_NV4_U;
+    __shared__ float part[W][2][NV4_ROWS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int tok = blockIdx.x / slots, rb = blockIdx.y;
+    // The shared expert's blocks know their rows without the routing: their first round of
+    // weights is in flight before they wait, while the routing kernel runs.
+    bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
+    grid_dep_trigger();
+    if (!shared_slot) grid_dep_wait();
+    int id = shared_slot ? -1 : slot_ids[blockIdx.x];
+    const WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
+    bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
+    if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
+    int kt_n = nv4_k_tiles(w[0]);
+    long long tile0 = (long long)rb * kt_n;
+    const bf16* xr = x + (long long)tok * w[0].k + 2 * c;
+    float acc[2][1][4] = {};
+    uint4 q[U][2];
+    uint2 sc[U][2];
+    auto load_round = [&](int kt0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                if (kt0 + W * u < kt_n) nv4_load(w[m], tile0 + kt0 + W * u, lane, q[u][m], sc[u][m]);
+    };
+    auto b_frag = [&](int, int k0, unsigned& b0, unsigned& b1) {
+        b0 = g == 0 ? *(const unsigned*)(xr + k0) : 0u;
+        b1 = g == 0 ? *(const unsigned*)(xr + k0 + 8) : 0u;
+    };
+    load_round(warp);
+    if (shared_slot) grid_dep_wait();
+    for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
+        if (kt0 != warp) load_round(kt0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kt = kt0 + W * u;
+            if (kt >= kt_n) break;
+#pragma unroll
+            for (int m = 0; m < 2; m++) nv4_tile_mma<1>(acc[m], q[u][m], sc[u][m], kt * NV4_K, w[m].k, b_frag);
+        }
+    }
+    // Column 0 (the token) is c0 (row g) and c2 (row g + 8) of the lanes with c = 0.
+    if (c == 0)
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            part[warp][m][g] = acc[m][0][0];
+            part[warp][m][g + 8] = acc[m][0][2];
+        }
+    __syncthreads();
+    int u = NV4_ROWS * rb + threadIdx.x;
+    if (threadIdx.x < NV4_ROWS && u < inter) {
+        float d[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int j = 0; j < W; j++) d[m] += part[j][m][threadIdx.x];
+        act[(long long)blockIdx.x * inter + u] = silu(d[0] * w[0].global[0]) * (d[1] * w[1].global[0]);
+    }
+    if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
+}
+
+// Tiles an NVFP4 down warp has in flight.
+#define MOE_NV4_DOWN_U 6
+
+// out[tok, r] = sum over the token's slots of slot_w * (down_slot[r] . act[slot]) for the rows r of
+// row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), MOE_DEC_THREADS threads:
+// the (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ..., and the
+// warps' sums are added in a fixed order. The activations are rounded to bf16 for the tensor cores
+// (as the grouped prefill's are).
+extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w,
+                                                                                 int t, int slots, int hidden, int inter) {
+    constexpr int W = MOE_DEC_THREADS / 32, U = MOE_NV4_DOWN_U;
+    __shared__ WeightDesc dn[ROUTE_MAX_K + 1];
+    __shared__ float mul[ROUTE_MAX_K + 1];
+    __shared__ float part[W][NV4_ROWS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int rb = blockIdx.x, tok = blockIdx.y;
+    grid_dep_wait();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        dn[s] = down_desc[tok * slots + s];
+        mul[s] = slot_w[tok * slots + s] * dn[s].global[0];
+    }
+    __syncthreads();
+    int kt_n = (inter + NV4_K - 1) / NV4_K, items = slots * kt_n;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i0 = warp; i0 < items; i0 += W * U) {
+        uint4 q[U];
+        uint2 sc[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + W * u;
+            if (i < items) nv4_load(dn[i / kt_n], (long long)rb * kt_n + i % kt_n, lane, q[u], sc[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + W * u;
+            if (i >= items) break;
+            int sl = i / kt_n, kt = i % kt_n;
+            const float* a = act + ((long long)tok * slots + sl) * inter + 2 * c;
+            auto b_frag = [&](int, int k0, unsigned& b0, unsigned& b1) {
+                float2 lo = g == 0 ? *(const float2*)(a + k0) : make_float2(0.0f, 0.0f);
+                float2 hi = g == 0 ? *(const float2*)(a + k0 + 8) : make_float2(0.0f, 0.0f);
+                b0 = pack_bf16(lo.x, lo.y);
+                b1 = pack_bf16(hi.x, hi.y);
+            };
+            float d[1][4] = {};
+            nv4_tile_mma<1>(d, q[u], sc[u], kt * NV4_K, inter, b_frag);
+#pragma unroll
+            for (int x = 0; x < 4; x++) acc[x] += mul[sl] * d[0][x];
+        }
+    }
+    if (c == 0) {
+        part[warp][g] = acc[0];
+        part[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    int row = NV4_ROWS * rb + threadIdx.x;
+    if (threadIdx.x < NV4_ROWS && row < hidden) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < W; j++) sum += part[j][threadIdx.x];
+        out[(long long)tok * hidden + row] = f2bf(sum);
+    }
 }

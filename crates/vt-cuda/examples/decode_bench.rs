@@ -57,11 +57,13 @@ impl Report {
 
 fn weight(b: &B, fp4: bool, n: usize, k: usize, seed: u64) -> Result<Weight<B>> {
     Ok(if fp4 {
-        Weight::Nvfp4(Nvfp4 {
-            codes: b.random(DType::F4x2, &[n, k], seed, 1.0)?,
-            scales: b.random(DType::F8E4M3, &[n, k / 16], seed ^ 1, 1.0)?,
-            global_scale: 0.5 / (k as f32).sqrt(),
-        })
+        Weight::Nvfp4(Nvfp4::new(
+            b,
+            "bench weight",
+            b.random(DType::F4x2, &[n, k], seed, 1.0)?,
+            b.random(DType::F8E4M3, &[n, k / 16], seed ^ 1, 1.0)?,
+            0.5 / (k as f32).sqrt(),
+        )?)
     } else {
         Weight::Dense(b.random(DType::BF16, &[n, k], seed, (3.0 / k as f32).sqrt())?)
     })
@@ -219,7 +221,12 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
         ("out_proj", H, 4096, false, 16),
         ("lm_head", 248_320, H, false, 4),
         ("in_proj_qkv", 8192, H, true, 1),
+        ("in_proj_qkv", 8192, H, true, 4),
+        ("in_proj_qkv", 8192, H, true, 16),
         ("out_proj", H, 4096, true, 1),
+        ("out_proj", H, 4096, true, 8),
+        ("shared_expert_up", INTER, H, true, 1),
+        ("lm_head", 248_320, H, true, 1),
     ] {
         let bytes = (n * k) as f64 * bytes_per_weight(fp4);
         let copies = ((256e6 / bytes).ceil() as usize).max(1);

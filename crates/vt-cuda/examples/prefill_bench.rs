@@ -159,7 +159,7 @@ fn nvfp4(b: &CudaBackend, n: usize, k: usize, seed: u64) -> Result<Weight<CudaBa
     };
     let codes = b.upload(DType::F4x2, &[n, k], &bytes(n * k / 2, |v| v))?;
     let scales = b.upload(DType::F8E4M3, &[n, k / 16], &bytes(n * k / 16, |v| 0x30 + (v & 0x0f)))?;
-    Ok(Weight::Nvfp4(vt_core::Nvfp4 { codes, scales, global_scale: 0.5 / (k as f32).sqrt() }))
+    Ok(Weight::Nvfp4(vt_core::Nvfp4::new(b, "bench weight", codes, scales, 0.5 / (k as f32).sqrt())?))
 }
 
 /// The NVFP4 linear (W4A16 tensor-core kernel) at `[t, k] x [n, k]^T` beside cuBLASLt's bf16 GEMM of

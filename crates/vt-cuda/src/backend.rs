@@ -53,6 +53,10 @@ impl Device for CudaBackend {
         Ok(Tensor::from_parts(self.upload_slice(bytes)?, dtype, shape.to_vec()))
     }
 
+    fn nvfp4_parts(&self, codes: Tensor<Self>, scales: Tensor<Self>) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        crate::nvfp4::device_parts(self, codes, scales)
+    }
+
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>> {
         args::from_f32(self, shape, data)?;
         let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();

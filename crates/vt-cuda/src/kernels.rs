@@ -22,6 +22,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("route.cuh", include_str!("../../../kernels/route.cuh")),
     ("weight_chunks.cuh", include_str!("../../../kernels/weight_chunks.cuh")),
     ("kv_blocks.cuh", include_str!("../../../kernels/kv_blocks.cuh")),
+    ("nvfp4.cuh", include_str!("../../../kernels/nvfp4.cuh")),
 ];
 
 /// What NVRTC compiles for `file`: `common.cuh`, then `src` with each `#include "NAME"` line
@@ -124,7 +125,7 @@ kernels! {
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
-    "gemv.cu" => [gemv_bf16, gemv_nvfp4, gemv_bf16_t1, gemv_nvfp4_t1, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16],
+    "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4, gemv_nvfp4_t16],
     "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
@@ -134,7 +135,7 @@ kernels! {
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],
     "gdn_chunk.cu" => [gdn_chunk_prep_v64, gdn_chunk_scan_v64, gdn_chunk_prep_v128, gdn_chunk_scan_v128],
-    "w4a16.cu" => [w4a16_repack, w4a16_gemm, moe_w4_gate_up, moe_w4_down],
+    "w4a16.cu" => [nvfp4_repack, w4a16_gemm, moe_w4_gate_up, moe_w4_down],
 }
 
 /// Lets `f` use `bytes` of dynamic shared memory (above the 48 KiB a launch gets by default).
@@ -195,7 +196,7 @@ mod tests {
             ("moe_prefill.cu", crate::ops::moe::routing_mirrors()),
             ("attn_decode.cu", crate::ops::attention::decode::mirrors()),
             ("gdn_chunk.cu", crate::ops::gdn::chunk::mirrors()),
-            ("w4a16.cu", crate::w4a16::mirrors()),
+            ("w4a16.cu", [crate::w4a16::mirrors(), crate::nvfp4::mirrors()].concat()),
         ];
         for (file, checks) in mirrors {
             let (_, src) = SOURCES.iter().find(|(f, _)| *f == file).unwrap();

@@ -1,8 +1,8 @@
 //! vt-cuda: the CUDA backend on cudarc. Activations are bf16, accumulation f32, the gated delta
 //! rule's state f32; bf16 GEMMs go through cuBLASLt, everything else through the kernels of
 //! `kernels/*.cu` (NVRTC at backend start). Weights stay in their stored form: NVFP4 is computed
-//! from the packed codes (W4A16). Every buffer comes from an accounted allocator with an optional
-//! placement-arena mode (`alloc.rs`).
+//! from the packed codes (W4A16), kept in the kernels' tiled layout (`nvfp4.rs`). Every buffer
+//! comes from an accounted allocator with an optional placement-arena mode (`alloc.rs`).
 //!
 //! The crate is empty without the `cuda` feature, so the workspace builds with no CUDA at all;
 //! with it, cudarc loads libcuda, libnvrtc and libcublasLt at run time.
@@ -33,6 +33,8 @@ mod kv;
 mod launch;
 #[cfg(feature = "cuda")]
 mod limits;
+#[cfg(feature = "cuda")]
+mod nvfp4;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]

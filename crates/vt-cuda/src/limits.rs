@@ -47,11 +47,10 @@ shared! {
     GEMV_ROWS: usize = 2;
     GEMV_MMA_WARPS: usize = 8;
     /// Most tokens of the fused MoE decode block (past GEMV_MAX_T its logits take the tensor-core
-    /// GEMV), the down kernel's threads, and its resident blocks per SM for bf16 and NVFP4.
+    /// GEMV), the down kernels' threads, and the bf16 down kernel's resident blocks per SM.
     MOE_DEC_MAX_T: usize = 16;
     MOE_DEC_THREADS: usize = 256;
     MOE_DEC_WAVE_BF16: usize = 2;
-    MOE_DEC_WAVE_NVFP4: usize = 1;
     /// Largest head dimension of the decode attention kernels, and threads of their combine.
     ATT_DEC_MAX_D: usize = 256;
     ATT_DEC_COMBINE_THREADS: usize = 1024;
@@ -71,10 +70,14 @@ shared! {
     MP_BK: usize = 64;
     MP_STAGES: usize = 3;
     MP_THREADS: usize = 128;
-    /// NVFP4 on tensor cores (w4a16.cu): weight rows and inputs per repacked tile, pipeline
-    /// stages, and a grouped MoE tile's 32-slot row groups (32 * W4_MOE_MI slots a tile).
+    /// NVFP4 weights on the device (kernels/nvfp4.cuh, nvfp4.rs): rows and inputs of a tile.
+    NV4_ROWS: usize = 16;
+    NV4_K: usize = 64;
+    /// Warps of a block of the NVFP4 GEMV (a 16-row block, its warps splitting k).
+    GEMV_NV4_WARPS: usize = 4;
+    /// NVFP4 on tensor cores for prefill (w4a16.cu): weight rows of a block's tile (8 row blocks),
+    /// pipeline stages, and a grouped MoE tile's 32-slot row groups (32 * W4_MOE_MI slots a tile).
     W4_BN: usize = 128;
-    W4_BK: usize = 64;
     W4_STAGES: usize = 4;
     W4_MOE_MI: usize = 4;
 }

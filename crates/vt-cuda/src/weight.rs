@@ -24,8 +24,7 @@ pub struct WeightDesc {
     pub data: u64,
     /// Block scales: NVFP4's fp8 per 16 inputs, FP8's f32 per block (0 for dense weights).
     pub scales: u64,
-    /// NVFP4 per-tensor multiplier in `[0]`; a repacked gate/up pair (w4a16.rs) keeps the up
-    /// half's in `[1]`. FP8 has no multiplier: the slots hold the bits of its block, rows and
+    /// NVFP4 per-tensor multiplier in `[0]` (both slots hold it). FP8 has no multiplier: the slots hold the bits of its block, rows and
     /// inputs per scale (the C struct's `int block[2]`, a union with `global`), so the struct
     /// stays 32 bytes.
     pub global: [f32; 2],
@@ -49,6 +48,7 @@ impl WeightDesc {
             Weight::Dense(t) => {
                 WeightDesc { data: t.buffer().ptr(), scales: 0, global: [1.0; 2], kind: float_code(t, op)?, k }
             }
+            // `data` and `scales` in the tiled layout this backend keeps NVFP4 in (nvfp4.rs).
             Weight::Nvfp4(q) => WeightDesc {
                 data: q.codes.buffer().ptr(),
                 scales: q.scales.buffer().ptr(),

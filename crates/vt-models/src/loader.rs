@@ -150,11 +150,13 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn dummy_weight(&self, d: &DummyWeights, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         let (b, seed) = (self.backend, d.seed(base));
         let w = if d.quantizes(base) && inp.is_multiple_of(NVFP4_GROUP) {
-            Weight::Nvfp4(Nvfp4 {
-                codes: b.random(DType::F4x2, &[out, inp], seed, 1.0)?,
-                scales: b.random(DType::F8E4M3, &[out, inp / NVFP4_GROUP], seed ^ 1, 1.0)?,
-                global_scale: 0.5 / (inp as f32).sqrt(),
-            })
+            Weight::Nvfp4(Nvfp4::new(
+                b,
+                base,
+                b.random(DType::F4x2, &[out, inp], seed, 1.0)?,
+                b.random(DType::F8E4M3, &[out, inp / NVFP4_GROUP], seed ^ 1, 1.0)?,
+                0.5 / (inp as f32).sqrt(),
+            )?)
         } else {
             Weight::Dense(b.random(DType::BF16, &[out, inp], seed, (3.0 / inp as f32).sqrt())?)
         };

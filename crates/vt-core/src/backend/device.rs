@@ -31,6 +31,13 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
 
     /// Copies stored bytes in as they are (weights keep their dtype).
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>>;
+    /// An NVFP4 matrix's codes and scales (`Nvfp4`'s fields, uploaded in the checkpoint's
+    /// layout, shapes checked) as this backend keeps them: a backend whose kernels read another
+    /// layout rearranges them here, once, and keeps only that form (the checkpoint's bytes are
+    /// given back). The default keeps them as they are.
+    fn nvfp4_parts(&self, codes: Tensor<Self>, scales: Tensor<Self>) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        Ok((codes, scales))
+    }
     /// An activation tensor (of `activation_dtype`) from f32 values.
     #[allow(clippy::wrong_self_convention)] // the backend makes it: `self` is where it lives
     fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor<Self>>;

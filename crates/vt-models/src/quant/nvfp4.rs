@@ -108,11 +108,13 @@ impl Nvfp4Config {
         }
         let parts = self.read(tensors, module, n, k)?;
         ld.count_read(parts.global_bytes);
-        Ok(Some(Weight::Nvfp4(Nvfp4 {
-            codes: ld.upload(DType::F4x2, &[n, k], parts.codes.bytes)?,
-            scales: ld.upload(DType::F8E4M3, &[n, k / NVFP4_GROUP], parts.scales.bytes)?,
-            global_scale: parts.global_scale,
-        })))
+        Ok(Some(Weight::Nvfp4(Nvfp4::new(
+            ld.backend,
+            module,
+            ld.upload(DType::F4x2, &[n, k], parts.codes.bytes)?,
+            ld.upload(DType::F8E4M3, &[n, k / NVFP4_GROUP], parts.scales.bytes)?,
+            parts.global_scale,
+        )?)))
     }
 
     /// Whether the checkpoint stores module `module` in this encoding's NVFP4 form.

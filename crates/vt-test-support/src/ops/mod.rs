@@ -141,11 +141,11 @@ impl HostWeight {
         match self {
             HostWeight::Bf16 { n, k, v } => Weight::Dense(b.upload(DType::BF16, &[*n, *k], &bf16_bytes(v)).unwrap()),
             HostWeight::F32 { n, k, v } => Weight::Dense(b.upload(DType::F32, &[*n, *k], bytemuck_f32(v)).unwrap()),
-            HostWeight::Nvfp4 { n, k, codes, scales, global } => Weight::Nvfp4(Nvfp4 {
-                codes: b.upload(DType::F4x2, &[*n, *k], codes).unwrap(),
-                scales: b.upload(DType::F8E4M3, &[*n, *k / 16], scales).unwrap(),
-                global_scale: *global,
-            }),
+            HostWeight::Nvfp4 { n, k, codes, scales, global } => {
+                let codes = b.upload(DType::F4x2, &[*n, *k], codes).unwrap();
+                let scales = b.upload(DType::F8E4M3, &[*n, *k / 16], scales).unwrap();
+                Weight::Nvfp4(Nvfp4::new(b, "nvfp4 weight", codes, scales, *global).unwrap())
+            }
             HostWeight::Fp8 { n, k, values, scales, block } => Weight::Fp8(Fp8Block {
                 values: b.upload(DType::F8E4M3, &[*n, *k], values).unwrap(),
                 scales: b

@@ -227,11 +227,13 @@ pub fn linear_every_weight_format<G: Backend>(dev: &OnDevice<G>) {
     let gpu = &dev.backend;
     let mut r = Rng(0xfeed);
     // Aligned shapes go to cuBLASLt, the rest (n = 1, 6: per-head gates) to the simple kernel.
-    // NVFP4 needs whole 16-input scale groups: Linear::new refuses k = 72.
+    // NVFP4 needs whole 16-input scale groups: Nvfp4::new refuses k = 72 (before a backend lays
+    // the parts out).
     for (n, k) in [(96, 64), (307, 160), (24, 512), (1, 72), (6, 80)] {
         if k % 16 != 0 {
-            let err =
-                Linear::new(gpu, HostWeight::nvfp4(&mut r, n, k).upload(gpu)).err().expect("NVFP4 k = 72 refused");
+            let codes = gpu.upload(DType::F4x2, &[n, k], &r.bytes(n * k / 2)).unwrap();
+            let scales = gpu.upload(DType::F8E4M3, &[n, k / 16], &r.bytes(n * (k / 16))).unwrap();
+            let err = vt_core::Nvfp4::new(gpu, "w", codes, scales, 1.0).err().expect("NVFP4 k = 72 refused");
             assert!(err.to_string().contains("72"), "{err}");
         }
         let nvfp4 = (k % 16 == 0).then(|| HostWeight::nvfp4(&mut r, n, k));
@@ -377,12 +379,15 @@ pub fn linear_decode_gemv_few_tokens<G: Backend>(dev: &OnDevice<G>) {
     // rows (each row's chunks split over 4 warps), more (over 2) and many (a warp per row pair);
     // lm_head-like rows, where one token takes the t <= 8 kernel. From 3 tokens bf16 rows take the
     // tensor-core kernels (one 16-row tile a block, two from 8192 rows; 12 and 16 tokens two
-    // 8-token column tiles), except rows of 520 inputs (not whole 32-input chunks), which stay on
-    // the CUDA cores (and past 8 tokens go to cuBLASLt, as NVFP4 goes to its tensor-core GEMM).
-    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64), (45, 520)] {
+    // 8-token column tiles), except rows of 520 and 208 inputs (not whole 32-input chunks), which
+    // stay on the CUDA cores (and past 8 tokens go to cuBLASLt). vt-cuda's NVFP4 takes its
+    // tensor-core GEMV at every count (8-token column tiles, two past 8) in 16 x 64 tiles: rows
+    // past a 16-row block, and inputs past a 64-input tile (96, 208: a last tile of 2 and of 1 k
+    // step), are padding it must not count.
+    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64), (45, 520), (21, 208)] {
         let mut weights = vec![HostWeight::bf16(&mut r, n, k)];
-        if k % 32 == 0 {
-            weights.push(HostWeight::nvfp4(&mut r, n, k)); // NVFP4 rows are whole 32-code chunks
+        if k % 16 == 0 {
+            weights.push(HostWeight::nvfp4(&mut r, n, k));
         }
         for hw in weights {
             linear_rows(dev, &mut r, "linear gemv", &hw, (n, k), &[1, 2, 3, 8, 12, 16]);
@@ -425,6 +430,8 @@ pub fn moe_block_decode_every_router_format_and_shared_expert<G: Backend>(dev: &
     for (h, inter, n_exp, shared_cases) in [
         (64, 32, 40, &every_shared[..]),
         (64, 32, 300, &[("gated", 3)]),
+        // Rows and inputs past whole 16 x 64 NVFP4 tiles (208 = 3 tiles and a step, 80 = 1 and 1).
+        (208, 80, 24, &[("gated", 3)]),
         (1024, 256, 128, &[("gated", 1), ("gated", 8), ("plain", 12), ("gated", 16)]),
     ] {
         let router_w = HostWeight::bf16(&mut r, n_exp, h);
@@ -432,9 +439,15 @@ pub fn moe_block_decode_every_router_format_and_shared_expert<G: Backend>(dev: &
         // FP8 experts take the composed ops (the general MoE and linear kernels), which store
         // in bf16 what the fused kernels keep in f32: the routed sum, the shared expert's gate,
         // up, SwiGLU and down outputs, its gated output and the final sum, seven roundings of u/2
-        // on the way to an output: 4u. The fused bf16 and NVFP4 kernels round once: u.
+        // on the way to an output: 4u. The fused bf16 kernels round once: u. vt-cuda's NVFP4 down
+        // kernel also rounds the SwiGLU activations to bf16 for its tensor cores (its weights
+        // enter them exactly): 2u, as the grouped prefill.
         for format in ["bf16", "nvfp4", "fp8"] {
-            let bound = if format == "fp8" { 4.0 * dev.u } else { dev.u };
+            let bound = match format {
+                "fp8" => 4.0 * dev.u,
+                "nvfp4" => 2.0 * dev.u,
+                _ => dev.u,
+            };
             let experts = host_experts(&mut r, format, n_exp, h, inter);
             let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
             for kind in &kinds {

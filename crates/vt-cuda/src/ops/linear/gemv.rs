@@ -9,7 +9,7 @@ use vt_core::{DType, Result, Weight};
 use crate::device::CudaBackend;
 use crate::error::{check, err};
 use crate::launch::{i32_of, Overlapped};
-use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS};
+use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_NV4_WARPS, GEMV_ROWS, NV4_ROWS};
 use crate::weight::WeightDesc;
 
 // A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
@@ -58,11 +58,12 @@ struct Tiling<'a> {
     ks: usize,
 }
 
-/// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4 rows of whole 32-code
-/// chunks) for `t` tokens in a launch of `rows` rows, and its tiling; `None` where none does. One
-/// token has its own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens bf16 rows of
-/// whole 32-input chunks take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up
-/// to GEMV_MAX_T).
+/// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
+/// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one token has its own,
+/// lighter kernel (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole 32-input chunks
+/// take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up to GEMV_MAX_T). NVFP4
+/// takes its tensor-core kernels at any count up to GEMV_MMA_MAX_T: a block per 16-row block of
+/// its tiled layout, GEMV_NV4_WARPS warps splitting k.
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
     let cores = |f| {
@@ -76,6 +77,12 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
     let kf = b.k();
     match w {
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
+        Weight::Nvfp4(_) => Some(Tiling {
+            f: if t > GEMV_MAX_T { &kf.gemv_nvfp4_t16 } else { &kf.gemv_nvfp4 },
+            group_rows: NV4_ROWS,
+            warps: GEMV_NV4_WARPS,
+            ks: GEMV_NV4_WARPS,
+        }),
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
             let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
                 (true, false) => (&kf.gemv_bf16_mma2, 2),
@@ -89,7 +96,6 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
             cores(if one { &kf.gemv_bf16_t1 } else { &kf.gemv_bf16 })
         }
-        Weight::Nvfp4(_) if k.is_multiple_of(32) => cores(if one { &kf.gemv_nvfp4_t1 } else { &kf.gemv_nvfp4 }),
         _ => None,
     }
 }
@@ -186,12 +192,14 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16/gemv_nvfp4(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks
-    // rows per block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows
-    // (kernel_for); part i owns blocks first_block[i].. covering its n[i] rows; t <= GEMV_MAX_T (t
-    // = 1 for _t1; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of
-    // this kernel's format whose rows are whole chunks of its loads (kernel_for: 16 bytes, 32
-    // inputs for the tensor-core kernels); x holds t * k values, each y[i] t rows of ld[i] (>=
+    // SAFETY: gemv_bf16(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
+    // block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows;
+    // gemv_nvfp4(_t16)(same): GEMV_NV4_WARPS (= ks) warps on one 16-row block (kernel_for); part i
+    // owns blocks first_block[i].. covering its n[i] rows (for NVFP4, row blocks < ceil(n[i] / 16)
+    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1; t <= GEMV_MMA_MAX_T for
+    // _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
+    // are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels;
+    // NVFP4 reads whole tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
     // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).
     // The kernel reads only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv") }

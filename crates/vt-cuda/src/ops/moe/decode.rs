@@ -16,9 +16,7 @@ use crate::device::{CudaBackend, CudaTensor};
 use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
-use crate::limits::{
-    MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_NVFP4, ROUTE_MAX_EXP, ROUTE_MAX_K,
-};
+use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
 
@@ -48,13 +46,13 @@ struct SharedDesc {
 unsafe impl DeviceRepr for SharedDesc {}
 
 /// The storage format all the block's expert matrices share: `Some(false)` bf16 with rows of
-/// whole 16-byte chunks, `Some(true)` NVFP4 with rows of whole 32-code chunks, `None` otherwise.
+/// whole 16-byte chunks, `Some(true)` NVFP4 (any, in its tiled layout), `None` otherwise.
 fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     let mut fp4 = None;
     for w in ws {
         let this = match w {
             Weight::Dense(t) if t.dtype() == DType::BF16 && w.dims().1 % 8 == 0 => false,
-            Weight::Nvfp4(_) if w.dims().1 % 32 == 0 => true,
+            Weight::Nvfp4(_) => true,
             _ => return None,
         };
         if *fp4.get_or_insert(this) != this {
@@ -171,42 +169,53 @@ pub(crate) fn moe_block(
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
-    let gate_up = if fp4 { &b.k().moe_dec_gate_up_nvfp4 } else { &b.k().moe_dec_gate_up_bf16 };
+    // bf16: a warp per unit, 4 a block; NVFP4: a block per 16 units (a row block of the tiled
+    // layout), its 4 warps splitting the inputs.
+    let (gate_up, units) =
+        if fp4 { (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS) } else { (&b.k().moe_dec_gate_up_bf16, 4) };
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
-        grid_dim: ((t * slots) as u32, inter.div_ceil(4) as u32, 1),
+        grid_dim: ((t * slots) as u32, inter.div_ceil(units) as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: moe_dec_gate_up_*(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16*
-    // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / 4)
-    // of 128 threads; slot ids (written by the previous kernel on this stream) are experts < n_exp
+    // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter /
+    // units) of 128 threads (NVFP4: row blocks < ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
     // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
     // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter floats
     // and down_desc t * slots descs (8-byte aligned: the scratch's start).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
-    // One resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_* of kernels/moe_decode.cu), no more blocks
-    // than output items (NVFP4 items are 4 rows, bf16 items 1), a token's activations staged in
-    // dynamic shared memory.
-    let (per_item, per_sm) = if fp4 { (4, MOE_DEC_WAVE_NVFP4) } else { (1, MOE_DEC_WAVE_BF16) };
-    let staged = 4 * slots * inter;
-    let cfg = LaunchConfig {
-        grid_dim: ((t * h / per_item).min(per_sm * b.k().sm_count).max(1) as u32, 1, 1),
-        block_dim: (MOE_DEC_THREADS as u32, 1, 1),
-        shared_mem_bytes: staged as u32,
+    // bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of kernels/moe_decode.cu), no
+    // more blocks than output rows, a token's activations staged in dynamic shared memory. NVFP4:
+    // a block per (16-row block of the output, token).
+    let (down, cfg) = if fp4 {
+        let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
+        (
+            &b.k().moe_dec_down_nvfp4,
+            LaunchConfig { grid_dim: grid, block_dim: (MOE_DEC_THREADS as u32, 1, 1), shared_mem_bytes: 0 },
+        )
+    } else {
+        let staged = 4 * slots * inter;
+        let down = &b.k().moe_dec_down_bf16;
+        allow_shared(down, staged, "moe_dec_down")?;
+        let grid = ((t * h).min(MOE_DEC_WAVE_BF16 * b.k().sm_count).max(1) as u32, 1, 1);
+        (
+            down,
+            LaunchConfig { grid_dim: grid, block_dim: (MOE_DEC_THREADS as u32, 1, 1), shared_mem_bytes: staged as u32 },
+        )
     };
-    let down = if fp4 { &b.k().moe_dec_down_nvfp4 } else { &b.k().moe_dec_down_bf16 };
-    allow_shared(down, staged, "moe_dec_down")?;
     let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
-    // slot_w, int t, int slots, int hidden, int inter): MOE_DEC_THREADS threads a block, slots *
-    // inter floats of dynamic shared memory (allowed above); down_desc holds the t * slots slots'
-    // down matrices [h, inter] (written on this stream before, by the gate/up kernel), slot_w their
-    // multipliers; act holds t * slots * inter floats; out t * h values (h a multiple of 4 for
-    // NVFP4: its gate/up rows are whole 32-code chunks).
+    // slot_w, int t, int slots, int hidden, int inter): MOE_DEC_THREADS threads a block; bf16:
+    // slots * inter floats of dynamic shared memory (allowed above); NVFP4: grid (ceil(h / 16), t),
+    // row blocks < ceil(h / 16) of each down matrix's tiled layout; down_desc holds the t * slots
+    // slots' down matrices [h, inter] (written on this stream before, by the gate/up kernel),
+    // slot_w their multipliers; act holds t * slots * inter floats (rows of whole 8-byte pairs:
+    // inter % 8 == 0); out t * h values.
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(out)
 }

@@ -1,5 +1,6 @@
 //! The routed-experts block for many tokens (prefill) as grouped tensor-core GEMMs
-//! (kernels/moe_prefill.cu for bf16 experts, kernels/w4a16.cu for NVFP4): router logits through
+//! (kernels/moe_prefill.cu for bf16 experts, kernels/w4a16.cu for NVFP4, both over the experts'
+//! own weights through the expert table): router logits through
 //! cuBLASLt in f32, routing and expert-sorted slots on the device, the gate/up and down GEMMs over
 //! the expert table (table.rs) kept in the `MoeExperts`' resident slot, and the combine. Nothing
 //! waits for the host: the number of tiles is only known on the device, so the grids cover the
@@ -35,9 +36,9 @@ fn is_bf16(w: &Weight<CudaBackend>) -> bool {
     matches!(w, Weight::Dense(t) if t.dtype() == DType::BF16)
 }
 
-/// NVFP4 with rows of whole 16-code scale groups (what the tensor-core repack takes).
+/// NVFP4 (rows of whole 16-code scale groups, validated at load, in the tiled layout).
 fn is_nvfp4(w: &Weight<CudaBackend>) -> bool {
-    matches!(w, Weight::Nvfp4(_) if w.dims().1.is_multiple_of(16))
+    matches!(w, Weight::Nvfp4(_))
 }
 
 /// Whether this layer and batch take the grouped path: several tokens, a bf16 router, experts all
@@ -69,17 +70,19 @@ pub(crate) fn moe(
     let slots = t * top_k;
     let ra = RouteArgs::new(router, n_exp, op)?;
     let table = expert_table(b, experts)?;
-    // NVFP4 experts run the W4A16 kernels over the repacked copies, with the same arguments.
-    let (table, gate_up, down, threads, shared, tile_rows) = if is_nvfp4(&experts.experts[0].gate) {
+    // NVFP4 experts run the W4A16 kernels, with the same arguments. Both kinds of gate/up kernel
+    // take 64 units a block (MP_BN = W4_BN = 128 weight rows: gate and up rows of 64 units).
+    let table = table.descs();
+    let (gate_up, down, threads, shared, tile_rows) = if is_nvfp4(&experts.experts[0].gate) {
         let (gu, dn) = (&b.k().moe_w4_gate_up, &b.k().moe_w4_down);
         allow_shared(gu, w4a16::MOE_SHARED, "moe_w4_gate_up")?;
         allow_shared(dn, w4a16::MOE_SHARED, "moe_w4_down")?;
-        (table.packed(b, inter, h)?.descs(), gu, dn, 256, w4a16::MOE_SHARED, w4a16::MOE_TILE_ROWS)
+        (gu, dn, 256, w4a16::MOE_SHARED, w4a16::MOE_TILE_ROWS)
     } else {
         let (gu, dn) = (&b.k().moe_gemm_gate_up, &b.k().moe_gemm_down);
         allow_shared(gu, GEMM_SHARED, "moe_gemm_gate_up")?;
         allow_shared(dn, GEMM_SHARED, "moe_gemm_down")?;
-        (table.descs(), gu, dn, MP_THREADS, GEMM_SHARED, MP_BM)
+        (gu, dn, MP_THREADS, GEMM_SHARED, MP_BM)
     };
     let Weight::Dense(rw) = &router.weight.weight else { unreachable!("fits() checked a dense router") };
 
@@ -158,10 +161,10 @@ pub(crate) fn moe(
     // SAFETY: moe_gemm_gate_up / moe_w4_gate_up(bf16* act, const bf16* x, const int* sorted_tok,
     // const WeightDesc* table, const int* tiles, const int* n_tiles, const int* counts, const int*
     // offsets, int inter, int hidden), block size and shared memory as each kernel wants (allowed
-    // above): each expert's gate and up are [inter, h] bf16 matrices (table.rs), or NVFP4
-    // repacked as one [2 * inter, h] to the w4 kernels' tiles (fits, and the table picked with the
-    // kernels); h and inter are multiples of 8 (16-byte rows); every tile's rows lie in its
-    // expert's range of the slots rows of act [slots, inter]; sorted_tok < t rows of x.
+    // above): each expert's gate and up are [inter, h] matrices (table.rs), all bf16 or all NVFP4
+    // in the tiled layout (nvfp4.rs), as `fits` checked and the kernels were picked; h and inter
+    // are multiples of 8 (16-byte rows); every tile's rows lie in its expert's range of the slots
+    // rows of act [slots, inter]; sorted_tok < t rows of x.
     launched(unsafe { l.launch(gemm_cfg(2 * inter)) }, "moe gate/up GEMM")?;
     let mut l = b.stream().launch_builder(down);
     l.arg(&py).arg(&pact).arg(&table).arg(&ptiles).arg(&pnt).arg(&pcnt).arg(&poff).arg(&ii).arg(&hi);
