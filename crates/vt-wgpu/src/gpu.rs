@@ -58,6 +58,12 @@ impl Gpu {
     /// The adapter `VT_WGPU_ADAPTER` names (a substring of its name, case-insensitive), else the
     /// first hardware GPU, else whatever adapter there is (lavapipe on a machine without a GPU).
     pub fn new() -> Result<Arc<Gpu>> {
+        Self::with_limits(|limits| limits)
+    }
+
+    /// As `new`, with the device's limits what `limits` makes of the adapter's (lower ones run
+    /// as a smaller adapter would: tests of the paths such an adapter takes).
+    pub fn with_limits(limits: impl FnOnce(wgpu::Limits) -> wgpu::Limits) -> Result<Arc<Gpu>> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let wanted = std::env::var("VT_WGPU_ADAPTER").ok().map(|s| s.to_lowercase());
@@ -77,7 +83,7 @@ impl Gpu {
             Some(w) => err(format!("no adapter named like VT_WGPU_ADAPTER={w:?} among {names:?}")),
             None => err("no wgpu adapter (install a Vulkan driver: Mesa's lavapipe runs on the CPU)"),
         })?;
-        let limits = adapter.limits();
+        let limits = limits(adapter.limits());
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("vt"),
             required_limits: limits.clone(),

@@ -77,6 +77,16 @@ enum Elementwise {
     },
 }
 
+/// What linear.wgsl computes for each row.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// A linear: the one matrix bound, for every row.
+    Linear,
+    /// The routed experts' gate and up (`up`) or down, for the slots whose expert is one of
+    /// `experts` (a range: the matrices bound).
+    Experts { up: bool, top_k: usize, experts: (usize, usize) },
+}
+
 /// Checked conversion of a size to a shader's u32.
 fn u32_of(n: usize, what: &str) -> Result<u32> {
     u32::try_from(n).map_err(|_| err(format!("{what} {n} exceeds a shader's 32-bit index")))
@@ -190,14 +200,12 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    /// linear.wgsl: `rows` rows of `n` outputs of the weight (`fmt`, `w`) times rows of `x`, in
-    /// `mode` (0 a linear, 1 the experts' down, 2 their gate and up; `ids`: the slots' experts).
-    #[allow(clippy::too_many_arguments)]
+    /// linear.wgsl: `rows` rows of `n` outputs of the weight (`fmt`, `w`) times rows of `x`, as
+    /// `what` says (`ids`: the slots' experts).
     fn matvec(
         &self,
         (fmt, w): (&FmtWords, [Range<'_>; 3]),
-        mode: u32,
-        top_k: usize,
+        what: Rows,
         x: Range<'_>,
         ids: Range<'_>,
         y: Range<'_>,
@@ -207,8 +215,12 @@ impl WgpuBackend {
         if rows == 0 {
             return Ok(());
         }
+        let (mode, top_k, (first, end)) = match what {
+            Rows::Linear => (0, 1, (0, 1)),
+            Rows::Experts { up, top_k, experts } => (1 + up as u32, top_k, experts),
+        };
         let mut params = fmt.to_vec();
-        params.extend([mode, u32_of(top_k, op)?]);
+        params.extend([mode, u32_of(top_k, op)?, u32_of(first, op)?, u32_of(end, op)?]);
         let bindings = [(1, w[0]), (2, w[1]), (3, w[2]), (4, x), (5, ids), (6, y)];
         let groups = [self.gpu.axis(n.div_ceil(WG), op)?, self.gpu.axis(rows, op)?, 1];
         self.gpu.dispatch(Kernel::Linear, &params, &bindings, groups)
@@ -376,7 +388,7 @@ impl Ops for WgpuBackend {
         let mut keep = None;
         let (fmt, parts) = self.weight_parts(&w.weight, &mut keep)?;
         // No ids: the input is bound in their place, unread.
-        self.matvec((&fmt, parts), 0, 1, xb.range(), xb.range(), out.buffer().range(), (x.rows(), n))?;
+        self.matvec((&fmt, parts), Rows::Linear, xb.range(), xb.range(), out.buffer().range(), (x.rows(), n))?;
         Ok(out)
     }
 

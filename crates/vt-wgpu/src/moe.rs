@@ -4,7 +4,8 @@
 //! A shader binds a fixed set of buffers, so it cannot reach E experts' separate tensors: the
 //! layer's derived state (`WgpuExpertTable`, in the experts' resident slot) is their weights
 //! stacked in their stored form, gate and up as matrices 2e and 2e + 1 of one stack, down as
-//! matrix e of another. It is a copy (the expert weights' size again), like vt-cpu's fused
+//! matrix e of another, each stack in pieces of whole experts that fit one binding of the adapter
+//! (a dispatch per piece). It is a copy (the expert weights' size again), like vt-cpu's fused
 //! gate/up rows; freed with the layer.
 
 use vt_core::backend::check::MoeDims;
@@ -13,15 +14,23 @@ use vt_core::{MoeExperts, Result, Router, RouterKind, Tensor, Weight};
 
 use crate::gpu::{err, Range};
 use crate::shaders::Kernel;
-use crate::{act, dense_format, u32_of, Elementwise, FmtWords, GpuBuffer, WgpuBackend, WG};
+use crate::{act, dense_format, u32_of, Elementwise, FmtWords, GpuBuffer, Rows, WgpuBackend, WG};
 
 /// Most experts and top-k the routing shader takes (its private arrays).
 const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 64;
 
-/// Matrices of one format and shape, stacked as weights.wgsl reads them.
+/// Matrices of one format and shape, stacked as weights.wgsl reads them, in pieces of whole
+/// experts that each fit one binding of the adapter.
 struct Stack {
     fmt: FmtWords,
+    pieces: Vec<Piece>,
+}
+
+/// The stacked matrices of experts `first..end`.
+struct Piece {
+    first: usize,
+    end: usize,
     values: GpuBuffer,
     /// NVFP4's fp8 scales, FP8's block scales; `None` for dense weights.
     scales: Option<GpuBuffer>,
@@ -29,7 +38,7 @@ struct Stack {
     globals: Option<GpuBuffer>,
 }
 
-impl Stack {
+impl Piece {
     fn ranges(&self) -> [Range<'_>; 3] {
         let v = self.values.range();
         [v, self.scales.as_ref().map_or(v, GpuBuffer::range), self.globals.as_ref().map_or(v, GpuBuffer::range)]
@@ -62,7 +71,8 @@ fn format(w: &Weight<WgpuBackend>) -> Result<FmtWords> {
     })
 }
 
-fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], what: &str) -> Result<Stack> {
+/// `ws`, `per` matrices an expert, stacked.
+fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], per: usize, what: &str) -> Result<Stack> {
     let fmt = format(ws[0])?;
     let (v0, s0, _) = parts(ws[0]);
     let bytes = |t: &Tensor<WgpuBackend>| t.dtype().bytes_for(t.numel()).unwrap_or(0);
@@ -70,34 +80,72 @@ fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], what: &str) -> Result<Sta
     if vb % 4 != 0 || sb % 4 != 0 {
         return Err(err(format!("{what}: experts of {vb} value bytes, {sb} scale bytes do not stack (4-byte copies)")));
     }
-    let values = b.buffer(vb * ws.len())?;
-    let scales = s0.map(|_| b.buffer(sb * ws.len())).transpose()?;
-    let mut globals = Vec::new();
-    for (i, w) in ws.iter().enumerate() {
-        if format(w)? != fmt {
-            return Err(err(format!("{what}: every expert must share one storage format and shape")));
-        }
-        let (v, s, g) = parts(w);
-        b.copy(v.buffer(), 0, &values, i * vb, vb);
-        if let (Some(s), Some(dst)) = (s, &scales) {
-            b.copy(s.buffer(), 0, dst, i * sb, sb);
-        }
-        globals.extend(g);
+    if ws.iter().any(|w| format(w).ok() != Some(fmt)) {
+        return Err(err(format!("{what}: every expert must share one storage format and shape")));
     }
-    let globals = if globals.is_empty() {
-        None
-    } else {
-        let buf = b.buffer(globals.len() * 4)?;
-        b.gpu.write(buf.range(), bytemuck::cast_slice(&globals));
-        Some(buf)
-    };
-    Ok(Stack { fmt, values, scales, globals })
+    let limits = &b.gpu.limits;
+    let limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) as usize;
+    let expert_bytes = per * vb.max(sb);
+    if expert_bytes > limit {
+        return Err(err(format!(
+            "{what}: an expert's {expert_bytes} bytes exceed the adapter's binding limit of {limit}"
+        )));
+    }
+    let experts = ws.len() / per;
+    let mut pieces = Vec::new();
+    for first in (0..experts).step_by(limit / expert_bytes) {
+        let end = (first + limit / expert_bytes).min(experts);
+        let matrices = &ws[first * per..end * per];
+        let values = b.buffer(vb * matrices.len())?;
+        let scales = s0.map(|_| b.buffer(sb * matrices.len())).transpose()?;
+        let mut globals = Vec::new();
+        for (i, w) in matrices.iter().enumerate() {
+            let (v, s, g) = parts(w);
+            b.copy(v.buffer(), 0, &values, i * vb, vb);
+            if let (Some(s), Some(dst)) = (s, &scales) {
+                b.copy(s.buffer(), 0, dst, i * sb, sb);
+            }
+            globals.extend(g);
+        }
+        let globals = if globals.is_empty() {
+            None
+        } else {
+            let buf = b.buffer(globals.len() * 4)?;
+            b.gpu.write(buf.range(), bytemuck::cast_slice(&globals));
+            Some(buf)
+        };
+        pieces.push(Piece { first, end, values, scales, globals });
+    }
+    Ok(Stack { fmt, pieces })
 }
 
 pub fn build_table(b: &WgpuBackend, experts: &MoeExperts<WgpuBackend>) -> Result<WgpuExpertTable> {
     let gate_up: Vec<_> = experts.experts.iter().flat_map(|e| [&e.gate, &e.up]).collect();
     let down: Vec<_> = experts.experts.iter().map(|e| &e.down).collect();
-    Ok(WgpuExpertTable { gate_up: stack(b, &gate_up, "experts' gate/up")?, down: stack(b, &down, "experts' down")? })
+    Ok(WgpuExpertTable {
+        gate_up: stack(b, &gate_up, 2, "experts' gate/up")?,
+        down: stack(b, &down, 1, "experts' down")?,
+    })
+}
+
+/// Each slot's expert of `stack` (gate and up where `up`, else down) on its input row of `x`
+/// into `y`, a dispatch per piece.
+#[allow(clippy::too_many_arguments)]
+fn experts(
+    b: &WgpuBackend,
+    stack: &Stack,
+    up: bool,
+    top_k: usize,
+    x: Range<'_>,
+    ids: Range<'_>,
+    y: Range<'_>,
+    shape: (usize, usize),
+) -> Result<()> {
+    for piece in &stack.pieces {
+        let rows = Rows::Experts { up, top_k, experts: (piece.first, piece.end) };
+        b.matvec((&stack.fmt, piece.ranges()), rows, x, ids, y, shape)?;
+    }
+    Ok(())
 }
 
 pub fn moe(
@@ -149,10 +197,8 @@ pub fn moe(
 
     let (inter, hidden) = (d.intermediate, d.hidden);
     let h = b.output(&[slots, inter])?;
-    let gate_up = (&table.gate_up.fmt, table.gate_up.ranges());
-    b.matvec(gate_up, 2, k, xb.range(), ids.range(), h.buffer().range(), (slots, inter))?;
+    experts(b, &table.gate_up, true, k, xb.range(), ids.range(), h.buffer().range(), (slots, inter))?;
     let y = b.output(&[slots, hidden])?;
-    let down = (&table.down.fmt, table.down.ranges());
-    b.matvec(down, 1, k, h.buffer().range(), ids.range(), y.buffer().range(), (slots, hidden))?;
+    experts(b, &table.down, false, k, h.buffer().range(), ids.range(), y.buffer().range(), (slots, hidden))?;
     b.elementwise(Elementwise::WeightedSum { top_k: k }, &y, &wts, op)
 }

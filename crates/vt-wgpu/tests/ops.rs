@@ -9,16 +9,23 @@
 //! transcendentals add a few ulps: `u` = 1e-4 per op, a multiple where the suite composes ops.
 //! The measured errors are printed (`--nocapture`).
 
-use vt_test_support::ops::OnDevice;
-use vt_wgpu::WgpuBackend;
+use vt_test_support::ops::{suite, OnDevice};
+use vt_wgpu::{AllocMode, Gpu, WgpuBackend};
 
 fn wgpu() -> OnDevice<WgpuBackend> {
-    OnDevice {
-        backend: WgpuBackend::new().expect("a wgpu adapter (lavapipe: Debian's mesa-vulkan-drivers)"),
-        name: "wgpu",
-        u: 1e-4,
-        rounded_probabilities: &[],
-    }
+    on(WgpuBackend::new().expect("a wgpu adapter (lavapipe: Debian's mesa-vulkan-drivers)"))
+}
+
+fn on(backend: WgpuBackend) -> OnDevice<WgpuBackend> {
+    OnDevice { backend, name: "wgpu", u: 1e-4, rounded_probabilities: &[] }
+}
+
+/// On an adapter whose storage bindings take 32 KiB, the MoE test's stacked bf16 gate/up experts
+/// (8 of 8 KiB) do not fit one binding: they go in pieces, a dispatch each, with the same result.
+#[test]
+fn moe_experts_in_pieces_on_an_adapter_of_small_bindings() {
+    let gpu = Gpu::with_limits(|l| wgpu::Limits { max_storage_buffer_binding_size: 32 << 10, ..l }).expect("adapter");
+    suite::moe_every_router_and_expert_format(&on(WgpuBackend::on(&gpu, AllocMode::System)));
 }
 
 // Not here: attention_flash_prefill, attention_decode_batched_sequences,
