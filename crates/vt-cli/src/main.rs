@@ -274,8 +274,9 @@ enum Command {
         #[arg(long)]
         no_prefix_cache: bool,
         /// Run the concurrency workload instead: as many sequences as the first `--batch` value
-        /// (the engine's sequence limit), each a prompt of this context less `--gen-len`,
-        /// submitted at once; reports how many the pool held at once against its arithmetic.
+        /// (the engine's sequence limit) of this context, submitted at once, each generating
+        /// `--gen-len` tokens more than it takes to admit the others; reports how many the pool
+        /// held at once against its arithmetic.
         #[arg(long, value_parser = count(2, 1 << 20), conflicts_with = "shared_prefix")]
         hold_context: Option<usize>,
     },
@@ -547,7 +548,7 @@ where
                 let w = bench::Hold {
                     context,
                     seqs: batch.first().copied().unwrap_or(1),
-                    gen_len: (*gen_len).min(context - 1),
+                    gen_len: *gen_len,
                     gpu_memory_utilization: *gpu_memory_utilization,
                     prefix_cache: !no_prefix_cache,
                 };
