@@ -7,11 +7,13 @@ mod batch;
 mod decode_graph;
 mod delta_net;
 mod layer;
+mod layout;
 mod mlp;
 mod moe;
 mod pool;
 mod share;
 mod state;
+mod verify;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +23,7 @@ use vt_core::{Backend, Error, Linear, MoeExperts, Result, Tensor};
 
 use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
-pub use batch::{decode_first, Logits};
+pub use batch::{decode_first, Logits, StepOutput, StepSeq};
 pub use decode_graph::BATCH_ROWS;
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
 pub use pool::{PoolConfig, PoolShape, PoolStats, StatePool};
@@ -138,7 +140,7 @@ impl<B: Backend> Model<B> {
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or
     /// the last. A failed call leaves `state` unusable for further decoding (start a new one).
     pub fn forward(&self, ids: &[u32], state: &mut SeqState<B>, which: Logits) -> Result<Tensor<B>> {
-        self.run(&mut [(ids, state)], which)
+        Ok(self.run(&mut [StepSeq { ids, state, verify: false }], which, false)?.logits)
     }
 
     /// One step for many sequences: each runs its `ids` after what its state holds. Returns the
@@ -149,6 +151,8 @@ impl<B: Backend> Model<B> {
     /// state. Each row equals what `forward` gives for that sequence alone. A failed call leaves
     /// every state in the batch unusable.
     pub fn forward_batch(&self, seqs: &mut [(&[u32], &mut SeqState<B>)]) -> Result<Tensor<B>> {
-        self.run(seqs, Logits::Last)
+        let mut seqs: Vec<StepSeq<'_, B>> =
+            seqs.iter_mut().map(|(ids, state)| StepSeq { ids, state: &mut **state, verify: false }).collect();
+        Ok(self.run(&mut seqs, Logits::Last, false)?.logits)
     }
 }

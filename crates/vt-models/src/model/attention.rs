@@ -4,8 +4,8 @@
 use vt_core::backend::stack_rows;
 use vt_core::{AttentionParams, Backend, Error, GateAct, KvSeq, Linear, Result, Tensor};
 
-use super::batch::{batched_decodes, take_rows, Span};
 use super::layer::{linear_bytes, tensor_bytes};
+use super::layout::{take_rows, Layout};
 use crate::loader::Loader;
 use crate::spec::{AttnGate, AttnSpec};
 
@@ -56,14 +56,15 @@ impl<B: Backend> Attention<B> {
             + self.g_proj.as_ref().map_or(0, l)
     }
 
-    /// The mixer over `x` (the normed hidden states of every sequence's `spans`), each sequence
-    /// attending through its block table (`tables`, in span order) in layer `layer` of `pool`.
+    /// The mixer over `x` (the normed hidden states of a step's rows, laid out as `layout`), each
+    /// sequence attending through its block table (`tables`, in the layout's order) in layer
+    /// `layer` of `pool`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &self,
         b: &B,
         x: &Tensor<B>,
-        spans: &[Span],
+        layout: &Layout,
         pool: &mut B::KvPool,
         layer: usize,
         tables: &[&[u32]],
@@ -91,33 +92,37 @@ impl<B: Backend> Attention<B> {
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &self.q_norm, eps, s.qk_norm)?;
         let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &self.k_norm, eps, s.qk_norm)?;
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
-        // Many sequences' single-token steps (the batch runner puts them first): one batched
-        // call. One sequence keeps the per-sequence ops, which a recorded step records.
-        let seqs: Vec<KvSeq<'_>> =
-            spans.iter().zip(tables).map(|(sp, &table)| KvSeq { layer, table, start: sp.start }).collect();
-        let decodes = batched_decodes(spans);
-        if decodes == spans.len() {
+        // Many sequences' single tokens (the batch runner puts them first, in waves): a batched
+        // call per wave. One sequence's keeps the per-sequence ops, which a recorded step records.
+        let kv = |k: usize, pos: usize| KvSeq { layer, table: tables[k], start: layout.starts[k] + pos };
+        if layout.one_wave() && layout.stepwise() >= 2 {
+            let seqs: Vec<KvSeq<'_>> = (0..layout.stepwise()).map(|k| kv(k, 0)).collect();
             let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
             let o = b.attention_decode(&q, &k, &v, &s.rope, pool, &seqs, &params)?;
             return self.out(b, o.reshape(&[t, width])?, gate, g_proj);
         }
-        let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
-        if decodes > 0 {
-            // Their rows lead each tensor (q and k are [t, heads, d], v [t, kv_heads * d]).
-            let lead = |x: &Tensor<B>, rows: usize, heads: usize| {
-                b.slice_rows(x, 0, rows)?.reshape(&[decodes, heads, s.head_dim])
+        let mut parts = Vec::with_capacity(layout.waves.len() + layout.spans.len());
+        for (pos, w) in layout.waves.iter().enumerate() {
+            // A wave's rows are consecutive in each tensor (q and k are [t, heads, d], v
+            // [t, kv_heads * d]).
+            let rows = |x: &Tensor<B>, heads: usize, per_row: usize| {
+                b.slice_rows(x, w.row * per_row, w.seqs * per_row)?.reshape(&[w.seqs, heads, s.head_dim])
             };
-            let (qd, kd, vd) = (
-                lead(&q, decodes * s.q_heads, s.q_heads)?,
-                lead(&k, decodes * s.kv_heads, s.kv_heads)?,
-                lead(&v, decodes, s.kv_heads)?,
-            );
-            let o = b.attention_decode(&qd, &kd, &vd, &s.rope, pool, &seqs[..decodes], &params)?;
-            parts.push(o.reshape(&[decodes, width])?);
+            let (qw, kw, vw) =
+                (rows(&q, s.q_heads, s.q_heads)?, rows(&k, s.kv_heads, s.kv_heads)?, rows(&v, s.kv_heads, 1)?);
+            let o = if w.seqs == 1 {
+                let (qw, kw) = (b.rope(&qw, kv(0, pos).start, &s.rope)?, b.rope(&kw, kv(0, pos).start, &s.rope)?);
+                b.attention(&qw, &kw, &vw, pool, kv(0, pos), &params)?
+            } else {
+                let seqs: Vec<KvSeq<'_>> = (0..w.seqs).map(|k| kv(k, pos)).collect();
+                b.attention_decode(&qw, &kw, &vw, &s.rope, pool, &seqs, &params)?
+            };
+            parts.push(o.reshape(&[w.seqs, width])?);
         }
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
-        for (sp, &seq) in spans[decodes..].iter().zip(&seqs[decodes..]) {
+        for (i, sp) in layout.spans.iter().enumerate() {
+            let seq = KvSeq { layer, table: tables[layout.stepwise() + i], start: sp.start };
             let rows =
                 |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
             let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;

@@ -1,16 +1,18 @@
 //! The batch runner: one step over many sequences. Their tokens are laid out as rows of one
-//! batch, single-token sequences first (`decode_first`), so every projection, norm and expert
-//! reads its weights once per step, while attention and the delta rule run each sequence over
-//! its own state in the sequences' pool.
+//! batch (layout.rs: single-token steps first, in waves, then prompt chunks), so every
+//! projection, norm and expert reads its weights once per step, while attention and the delta
+//! rule run each sequence over its own state in the sequences' pool.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use vt_core::backend::stack_rows;
 use vt_core::{Backend, Error, GdnState, Result, Tensor};
 
 use super::layer::Mixer;
+use super::layout::{gather_rows, Layout};
 use super::pool::{lock, GdnSlot, LayerSlot, PoolInner};
 use super::state::SeqState;
+use super::verify::{Saved, Unsettled};
 use super::Model;
 
 /// Which positions `forward` returns logits for.
@@ -32,50 +34,71 @@ pub fn decode_first(tokens: impl IntoIterator<Item = usize>) -> Vec<usize> {
 }
 
 /// One row group of a step as the layers read it: a sequence's new tokens, where they start, its
-/// block tables and its delta-net slot (a sequence's, or the pool's padding for a recorded step).
+/// block tables, its delta-net slot (a sequence's, or the pool's padding for a recorded step) and
+/// whether it verifies (runs its tokens as single-token steps and gets every position's logits).
 pub(super) struct Row<'a> {
     pub(super) ids: &'a [u32],
     pub(super) pos: usize,
     pub(super) tables: &'a [Vec<u32>],
     pub(super) slot: Option<usize>,
+    pub(super) verify: bool,
 }
 
 impl<'a> Row<'a> {
     pub(super) fn of<B: Backend>(ids: &'a [u32], state: &'a SeqState<B>) -> Self {
-        Row { ids, pos: state.pos, tables: &state.tables, slot: state.slot }
+        Row { ids, pos: state.pos, tables: &state.tables, slot: state.slot, verify: false }
     }
 }
 
-/// Where one sequence's tokens sit in a batched step.
-pub(super) struct Span {
-    /// First row in the batch.
-    pub(super) row: usize,
-    pub(super) len: usize,
-    /// Position of the first token in the sequence.
-    pub(super) start: usize,
+/// One sequence's part in `Model::step`.
+pub struct StepSeq<'a, B: Backend> {
+    /// The tokens to run after what the state holds.
+    pub ids: &'a [u32],
+    pub state: &'a mut SeqState<B>,
+    /// Run `ids` as consecutive single-token steps and return the logits of every position: the
+    /// target's side of speculative decoding (the last accepted token, then the drafts). The state
+    /// then holds every position, unsettled, until `Model::settle` says how many it keeps.
+    pub verify: bool,
+}
+
+/// What `Model::step` computed.
+pub struct StepOutput<B: Backend> {
+    /// `[rows, vocab]`: each sequence's logits rows, in the sequences' order.
+    pub logits: Tensor<B>,
+    /// Each sequence's rows of `logits`: its last position's, or every position's where it
+    /// verifies (or the step was asked for all).
+    pub rows: Vec<Range<usize>>,
+    /// Where asked for: every position's hidden state after the last layer, before the final
+    /// norm (what a multi-token-prediction drafter reads), `[tokens, hidden]`, each sequence's
+    /// positions together in the sequences' order.
+    pub hidden: Option<Tensor<B>>,
 }
 
 impl<B: Backend> Model<B> {
-    /// `Model::forward` and `Model::forward_batch`: checks the inputs, takes the blocks the step
+    /// `Model::forward`, `forward_batch` and `step`: checks the inputs, takes the blocks the step
     /// writes (all or none: an error when the pool is short), then replays the sequence's
     /// recorded step where one sequence runs one token, else runs the step op by op; afterwards
-    /// sliding groups give back the blocks that left their windows.
-    pub(super) fn run(&self, seqs: &mut [(&[u32], &mut SeqState<B>)], which: Logits) -> Result<Tensor<B>> {
-        let Some(shared) = seqs.first().map(|(_, s)| s.pool.clone()) else {
+    /// sliding groups give back the blocks that left their windows (a verifying sequence's, when
+    /// it settles).
+    pub(super) fn run(&self, seqs: &mut [StepSeq<'_, B>], which: Logits, hidden: bool) -> Result<StepOutput<B>> {
+        let Some(shared) = seqs.first().map(|s| s.state.pool.clone()) else {
             return Err(Error::input("forward needs at least one sequence"));
         };
-        for (ids, state) in seqs.iter() {
-            if ids.is_empty() {
+        for s in seqs.iter() {
+            if s.ids.is_empty() {
                 return Err(Error::input("forward needs at least one token"));
             }
-            if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.spec.vocab) {
+            if let Some(&bad) = s.ids.iter().find(|&&id| id as usize >= self.spec.vocab) {
                 return Err(Error::input(format!(
                     "token id {bad} is outside the vocabulary (size {})",
                     self.spec.vocab
                 )));
             }
-            if !Arc::ptr_eq(&state.pool, &shared) {
+            if !Arc::ptr_eq(&s.state.pool, &shared) {
                 return Err(Error::input("the sequences of one step must share a pool"));
+            }
+            if s.state.unsettled.is_some() {
+                return Err(Error::input("a sequence's verification is not settled (Model::settle)"));
             }
         }
         let mut p = lock(&shared);
@@ -83,8 +106,8 @@ impl<B: Backend> Model<B> {
             return Err(Error::input("sequence state belongs to another model"));
         }
         let mut need = vec![0; p.groups.len()];
-        for (ids, state) in seqs.iter() {
-            for (n, more) in need.iter_mut().zip(state.blocks_to_run(ids.len())) {
+        for s in seqs.iter() {
+            for (n, more) in need.iter_mut().zip(s.state.blocks_to_run(s.ids.len())) {
                 *n += more;
             }
         }
@@ -95,52 +118,103 @@ impl<B: Backend> Model<B> {
                 p.groups[g].total()
             )));
         }
-        for (ids, state) in seqs.iter_mut() {
-            let end = state.pos + ids.len();
-            state.grow(&mut p, end)?;
+        for s in seqs.iter_mut() {
+            let end = s.state.pos + s.ids.len();
+            s.state.grow(&mut p, end)?;
         }
-        let mut logits = None;
-        if self.record_decode {
-            if let [(&[id], ref mut state)] = seqs {
-                logits = self.recorded_step(id, state, &mut p)?;
-            } else if seqs.iter().all(|(ids, _)| ids.len() == 1) {
-                logits = self.recorded_batch(seqs, &mut p)?;
+        // Plain single-token steps replay a recording where the backend records.
+        if self.record_decode && !hidden && seqs.iter().all(|s| s.ids.len() == 1 && !s.verify) {
+            let mut plain: Vec<(&[u32], &mut SeqState<B>)> = seqs.iter_mut().map(|s| (s.ids, &mut *s.state)).collect();
+            let logits = match plain.as_mut_slice() {
+                [(&[id], state)] => self.recorded_step(id, state, &mut p)?,
+                _ => self.recorded_batch(&mut plain, &mut p)?,
+            };
+            if let Some(logits) = logits {
+                for (_, state) in plain.iter_mut() {
+                    state.release_outside_windows(&mut p)?;
+                }
+                return Ok(StepOutput { logits, rows: (0..plain.len()).map(|i| i..i + 1).collect(), hidden: None });
             }
         }
-        let logits = match logits {
-            Some(l) => Ok(l),
-            None => {
-                let rows: Vec<Row<'_>> = seqs.iter().map(|(ids, s)| Row::of(ids, s)).collect();
-                let logits = self.run_on(&self.backend, &rows, which, &mut p);
-                if logits.is_ok() {
-                    for (ids, state) in seqs.iter_mut() {
-                        state.pos += ids.len();
-                    }
-                }
-                logits
+        let rows: Vec<Row<'_>> = seqs.iter().map(|s| Row { verify: s.verify, ..Row::of(s.ids, s.state) }).collect();
+        let layout = Layout::of(&rows);
+        // A verifying sequence's linear-attention state before the step, for `settle`.
+        let snapshots = self.snapshot_verifying(seqs, &mut p)?;
+        let mut saved = Vec::new();
+        let out = self.run_on(&self.backend, &rows, &layout, which, hidden, &mut p, Some(&mut saved));
+        drop(rows);
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+                return Err(e);
             }
         };
-        for (_, state) in seqs.iter_mut() {
-            state.release_outside_windows(&mut p)?;
+        for s in seqs.iter_mut() {
+            s.state.pos += s.ids.len();
         }
-        logits
+        let saved = Arc::new(saved);
+        for (k, &i) in layout.order.iter().enumerate() {
+            let s = &mut seqs[i];
+            if s.verify {
+                let len = s.ids.len();
+                let (start, rows) = (s.state.pos - len, layout.rows_of(k));
+                s.state.unsettled = Some(Unsettled { start, len, snapshot: snapshots[i], rows, saved: saved.clone() });
+            } else {
+                s.state.release_outside_windows(&mut p)?;
+            }
+        }
+        Ok(out)
     }
 
-    /// The forward pass of `rows` on `b` (the model's backend, or a recorder of it) over their
-    /// pool `p`, whose blocks cover every position the step writes; logits come back in the
-    /// caller's order. The rows' positions are the caller's to advance.
-    pub(super) fn run_on(&self, b: &B, rows: &[Row<'_>], which: Logits, p: &mut PoolInner<B>) -> Result<Tensor<B>> {
+    /// Copies the linear-attention state of each verifying sequence into a spare slot of the
+    /// pool (`None` for the others, and where the model has no such layers).
+    fn snapshot_verifying(&self, seqs: &[StepSeq<'_, B>], p: &mut PoolInner<B>) -> Result<Vec<Option<usize>>> {
+        let mut snapshots = vec![None; seqs.len()];
+        for (i, s) in seqs.iter().enumerate() {
+            let Some(own) = s.state.slot.filter(|_| s.verify) else { continue };
+            let copied = match p.take_slot() {
+                Some(spare) => p.copy_slot(own, spare).map(|()| spare).inspect_err(|_| p.give_slot(spare)),
+                None => Err(Error::input(
+                    "no spare linear-attention slot for a verifying sequence's snapshot: the pool needs one per \
+                     verifying sequence (PoolConfig::snapshots)",
+                )),
+            };
+            match copied {
+                Ok(spare) => snapshots[i] = Some(spare),
+                Err(e) => {
+                    snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(snapshots)
+    }
+
+    /// The forward pass of `rows`, laid out as `layout`, on `b` (the model's backend, or a
+    /// recorder of it) over their pool `p`, whose blocks cover every position the step writes.
+    /// Where the step verifies, each delta-net layer's inputs go to `saved` (for `settle`). The
+    /// rows' positions are the caller's to advance.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_on(
+        &self,
+        b: &B,
+        rows: &[Row<'_>],
+        layout: &Layout,
+        which: Logits,
+        hidden: bool,
+        p: &mut PoolInner<B>,
+        mut saved: Option<&mut Saved<B>>,
+    ) -> Result<StepOutput<B>> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
-        let order = decode_first(rows.iter().map(|r| r.ids.len()));
-        let mut spans = Vec::with_capacity(rows.len());
-        let mut at = 0;
-        for &i in &order {
-            spans.push(Span { row: at, len: rows[i].ids.len(), start: rows[i].pos });
-            at += rows[i].ids.len();
+        let mut all_ids = vec![0; layout.rows];
+        for (k, &i) in layout.order.iter().enumerate() {
+            for (r, &id) in layout.rows_of(k).into_iter().zip(rows[i].ids) {
+                all_ids[r] = id;
+            }
         }
-        let all_ids: Vec<u32> = order.iter().flat_map(|&i| rows[i].ids.iter().copied()).collect();
         let (eps, kind) = (self.spec.eps, self.spec.norm);
         let mut x = b.embedding(table, &all_ids)?;
         // `h` is always the norm of `x` that comes next: each residual update and the following
@@ -150,11 +224,12 @@ impl<B: Backend> Model<B> {
             None => b.rms_norm(&x, &self.norm, eps, kind)?,
         };
         let other_model = || Error::input("sequence state belongs to another model");
+        let order = &layout.order;
         for (li, layer) in self.layers.iter().enumerate() {
             let mixed = match (&layer.mixer, self.state_layout.layers[li]) {
                 (Mixer::Attention(a), LayerSlot::Kv { group, pool_layer }) => {
                     let tables: Vec<&[u32]> = order.iter().map(|&i| rows[i].tables[group].as_slice()).collect();
-                    a.forward(b, &h, &spans, &mut p.kv, pool_layer, &tables, eps)?
+                    a.forward(b, &h, layout, &mut p.kv, pool_layer, &tables, eps)?
                 }
                 (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) => {
                     let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
@@ -165,7 +240,8 @@ impl<B: Backend> Model<B> {
                             Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    d.forward(b, &h, &spans, &mut states, eps)?
+                    let keep = saved.as_deref_mut().filter(|_| layout.verifies());
+                    d.forward(b, &h, layout, &mut states, eps, keep)?
                 }
                 _ => return Err(other_model()),
             };
@@ -174,35 +250,34 @@ impl<B: Backend> Model<B> {
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
         }
-        // The final norm is row-wise: normalising all rows and keeping the last equals the reverse.
-        // (Where every sequence ran one token, its row is its last, in the caller's order.)
-        if which == Logits::Last && spans.iter().any(|s| s.len > 1) {
-            let mut at = vec![0; order.len()];
-            for (p, &i) in order.iter().enumerate() {
-                at[i] = p;
-            }
-            let last = at.iter().map(|&p| b.slice_rows(&h, spans[p].row + spans[p].len - 1, 1));
-            h = stack_rows(b, last.collect::<Result<Vec<_>>>()?)?;
+        // The rows each sequence gets logits for, in the caller's order. The final norm is
+        // row-wise: normalising all rows and keeping some equals the reverse.
+        let mut at = vec![0; order.len()];
+        for (k, &i) in order.iter().enumerate() {
+            at[i] = k;
         }
-        b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
+        let (mut out_rows, mut ranges) = (Vec::new(), Vec::with_capacity(rows.len()));
+        for (i, r) in rows.iter().enumerate() {
+            let mine = layout.rows_of(at[i]);
+            let from = out_rows.len();
+            match which == Logits::All || r.verify {
+                true => out_rows.extend(mine),
+                false => out_rows.extend(mine.last()),
+            }
+            ranges.push(from..out_rows.len());
+        }
+        let identity = |r: &[usize]| r.len() == layout.rows && r.iter().enumerate().all(|(j, &r)| j == r);
+        if !identity(&out_rows) {
+            h = gather_rows(b, &h, &out_rows)?;
+        }
+        let hidden = match hidden {
+            true => {
+                let all: Vec<usize> = (0..rows.len()).flat_map(|i| layout.rows_of(at[i])).collect();
+                Some(if identity(&all) { x } else { gather_rows(b, &x, &all)? })
+            }
+            false => None,
+        };
+        let logits = b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        Ok(StepOutput { logits, rows: ranges, hidden })
     }
-}
-
-/// How many of a step's leading sequences run one token each, where they are at least two (one
-/// batched call); 0 otherwise.
-pub(super) fn batched_decodes(spans: &[Span]) -> usize {
-    match spans.iter().take_while(|sp| sp.len == 1).count() {
-        n if n >= 2 => n,
-        _ => 0,
-    }
-}
-
-/// The rows of one sequence's span of a batched tensor: the tensor itself, taken, when the span is
-/// all of it (a single sequence: no copy), else a copy of its rows.
-pub(super) fn take_rows<B: Backend>(b: &B, m: &mut Option<Tensor<B>>, sp: &Span) -> Result<Tensor<B>> {
-    let all = m.as_ref().ok_or_else(|| Error::input("a batched tensor's rows were taken twice"))?;
-    if sp.row == 0 && sp.len == all.rows() {
-        return m.take().ok_or_else(|| Error::input("a batched tensor's rows were taken twice"));
-    }
-    b.slice_rows(all, sp.row, sp.len)
 }

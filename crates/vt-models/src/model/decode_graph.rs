@@ -13,6 +13,7 @@
 use vt_core::{Backend, Error, KvSeq, ReplayInputs, Result, Tensor};
 
 use super::batch::Row;
+use super::layout::Layout;
 use super::pool::{GdnSlot, LayerSlot, Padding, PoolInner};
 use super::state::{Recorded, SeqState};
 use super::{Logits, Model};
@@ -73,7 +74,7 @@ impl<B: Backend> Model<B> {
             }
         }
         let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
-        let rows = [Row { ids: &ids, pos: state.pos, tables: &state.tables, slot: state.slot }];
+        let rows = [Row { ids: &ids, pos: state.pos, tables: &state.tables, slot: state.slot, verify: false }];
         if !self.replay(step, &rows, p)? {
             // The tables moved on from the recording: this step runs unrecorded, the next records
             // again.
@@ -114,7 +115,13 @@ impl<B: Backend> Model<B> {
         let pad = p.padding[..rows - n].to_vec();
         let zero = [0u32];
         let mut all: Vec<Row<'_>> = seqs.iter().map(|(ids, s)| Row::of(ids, s)).collect();
-        all.extend(pad.iter().map(|pad| Row { ids: &zero, pos: 0, tables: &pad.tables, slot: pad.slot }));
+        all.extend(pad.iter().map(|pad| Row {
+            ids: &zero,
+            pos: 0,
+            tables: &pad.tables,
+            slot: pad.slot,
+            verify: false,
+        }));
         let replayed = match old {
             Some(BatchStep::Step(mut step)) if step.model == self.id => {
                 self.replay(&mut step, &all, p)?.then_some(step)
@@ -198,7 +205,8 @@ impl<B: Backend> Model<B> {
         self.prepare()?;
         let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
         let Some(recorder) = b.recorder(&positions)? else { return Ok(None) };
-        let logits = self.run_on(&recorder, rows, Logits::Last, p)?;
+        let layout = Layout::of(rows);
+        let logits = self.run_on(&recorder, rows, &layout, Logits::Last, false, p, None)?.logits;
         let graph = b.finish_recording(recorder)?;
         Ok(Some(RecordedStep { model: self.id, graph, logits }))
     }

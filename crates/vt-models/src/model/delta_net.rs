@@ -4,8 +4,9 @@
 use vt_core::backend::stack_rows;
 use vt_core::{Backend, Error, GdnInputs, GdnMode, GdnState, GdnStep, Linear, Result, Tensor};
 
-use super::batch::{take_rows, Span};
 use super::layer::{linear_bytes, tensor_bytes};
+use super::layout::{gather_rows, take_rows, Layout, Span};
+use super::verify::Saved;
 use crate::loader::Loader;
 use crate::spec::GdnSpec;
 
@@ -72,15 +73,17 @@ impl<B: Backend> DeltaNet<B> {
         }
     }
 
-    /// The mixer over `x` (the normed hidden states of every sequence's `spans`), each sequence
-    /// continuing from its own convolution and recurrent state in `states`.
+    /// The mixer over `x` (the normed hidden states of a step's rows, laid out as `layout`), each
+    /// sequence continuing from its own convolution and recurrent state in `states` (in the
+    /// layout's order). With `saved`, the projected inputs of the delta rule go there.
     pub(super) fn forward(
         &self,
         b: &B,
         x: &Tensor<B>,
-        spans: &[Span],
+        layout: &Layout,
         states: &mut [GdnState<'_, B>],
         eps: f32,
+        saved: Option<&mut Saved<B>>,
     ) -> Result<Tensor<B>> {
         let s = &self.spec;
         let t = x.rows();
@@ -88,23 +91,26 @@ impl<B: Backend> DeltaNet<B> {
             .linear_many(x, &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_a, &self.in_proj_b])?
             .try_into()
             .map_err(|_| Error::input("linear_many returned too few outputs"))?;
-        // Single-token steps (the batch runner puts them first), of one sequence or many: the
-        // recurrent form, one call for all; prompt chunks a sequence at a time, in the chunked
-        // form. (As transformers: the recurrent form for single-token steps, the chunked form
-        // otherwise.)
-        let decodes = spans.iter().take_while(|sp| sp.len == 1).count();
-        let o = if decodes == spans.len() {
+        // Single-token steps (the batch runner puts them first, in waves), of one sequence or
+        // many: the recurrent form, one call per wave; prompt chunks a sequence at a time, in the
+        // chunked form. (As transformers: the recurrent form for single-token steps, the chunked
+        // form otherwise.)
+        let o = if layout.one_wave() {
             b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), states)?
         } else {
-            let (decoding, prompts) = states.split_at_mut(decodes);
-            let mut parts = Vec::with_capacity(spans.len() - decodes + 1);
-            if decodes > 0 {
-                let lead = |x: &Tensor<B>| b.slice_rows(x, 0, decodes);
-                let (qkv, a, beta) = (lead(&qkv_in)?, lead(&a)?, lead(&beta_in)?);
-                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), decoding)?;
-                parts.push(o.reshape(&[decodes, s.value_heads * s.value_dim])?);
+            let (stepwise, prompts) = states.split_at_mut(layout.stepwise());
+            let mut parts = Vec::with_capacity(layout.waves.len() + layout.spans.len());
+            for w in &layout.waves {
+                let rows = |x: &Tensor<B>| b.slice_rows(x, w.row, w.seqs);
+                let (qkv, a, beta) = (rows(&qkv_in)?, rows(&a)?, rows(&beta_in)?);
+                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), &mut stepwise[..w.seqs])?;
+                parts.push(o.reshape(&[w.seqs, s.value_heads * s.value_dim])?);
             }
-            parts.extend(self.chunks(b, [qkv_in, a, beta_in], &spans[decodes..], prompts)?);
+            let mut inputs = [Some(qkv_in), Some(a), Some(beta_in)];
+            parts.extend(self.chunks(b, &mut inputs, &layout.spans, prompts)?);
+            if let (Some(saved), [Some(qkv), Some(a), Some(beta)]) = (saved, inputs) {
+                saved.push([qkv, a, beta]);
+            }
             stack_rows(b, parts)?
         };
         let o = o.reshape(&[t * s.value_heads, s.value_dim])?;
@@ -118,18 +124,17 @@ impl<B: Backend> DeltaNet<B> {
     fn chunks(
         &self,
         b: &B,
-        [qkv_in, a, beta_in]: [Tensor<B>; 3],
+        [qkv_in, a, beta_in]: &mut [Option<Tensor<B>>; 3],
         spans: &[Span],
         states: &mut [GdnState<'_, B>],
     ) -> Result<Vec<Tensor<B>>> {
         let s = &self.spec;
         let key_total = s.key_heads * s.key_dim;
-        let (mut qkv_in, mut a, mut beta_in) = (Some(qkv_in), Some(a), Some(beta_in));
         let mut parts = Vec::with_capacity(spans.len());
         for (sp, GdnState { conv, recurrent }) in spans.iter().zip(states.iter_mut()) {
             let n = sp.len;
-            let (a, beta_in) = (take_rows(b, &mut a, sp)?, take_rows(b, &mut beta_in, sp)?);
-            let qkv = b.causal_conv1d(&take_rows(b, &mut qkv_in, sp)?, &self.conv, conv)?;
+            let (a, beta_in) = (take_rows(b, a, sp)?, take_rows(b, beta_in, sp)?);
+            let qkv = b.causal_conv1d(&take_rows(b, qkv_in, sp)?, &self.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[
@@ -144,5 +149,18 @@ impl<B: Backend> DeltaNet<B> {
             );
         }
         Ok(parts)
+    }
+
+    /// Reruns the single-token steps of rows `rows` of a step's projected inputs (`saved`,
+    /// `qkv`, `a`, `b`), one row per state in `states`; their output is not needed.
+    pub(super) fn rerun(
+        &self,
+        b: &B,
+        [qkv, a, beta]: &[Tensor<B>; 3],
+        rows: &[usize],
+        states: &mut [GdnState<'_, B>],
+    ) -> Result<()> {
+        let pick = |x: &Tensor<B>| gather_rows(b, x, rows);
+        b.gated_delta_step(&self.step(&pick(qkv)?, &pick(a)?, &pick(beta)?), states).map(drop)
     }
 }

@@ -15,7 +15,7 @@ use super::state::SeqState;
 
 impl<B: Backend> PoolInner<B> {
     /// Copies slot `src`'s delta-net states into slot `dst`, every layer.
-    fn copy_slot(&mut self, src: usize, dst: usize) -> Result<()> {
+    pub(super) fn copy_slot(&mut self, src: usize, dst: usize) -> Result<()> {
         if src == dst {
             return Ok(());
         }
@@ -86,6 +86,19 @@ impl<B: Backend> StatePool<B> {
         self.check_own("snapshot", &[state])?;
         let own = state.slot.ok_or_else(|| Error::input("snapshot: the sequence has no linear-attention slot"))?;
         lock(&self.shared).copy_slot(own, slot)
+    }
+
+    /// `state`'s linear-attention states as f32: every delta-net layer's convolution state, then
+    /// its recurrent state (empty where the model has none). For inspection (tests).
+    pub fn linear_state(&self, state: &SeqState<B>) -> Result<Vec<f32>> {
+        self.check_own("linear_state", &[state])?;
+        let p = lock(&self.shared);
+        let mut out = Vec::new();
+        for layer in state.slot.iter().flat_map(|&s| p.slots.iter().map(move |l| &l[s])) {
+            out.extend(p.backend.to_f32(&layer.conv)?);
+            out.extend(p.backend.to_f32(&layer.recurrent)?);
+        }
+        Ok(out)
     }
 
     /// The blocks that hold `state`'s first `positions` positions, whole blocks of a

@@ -6,6 +6,7 @@ use vt_core::{Backend, Error, Result, RELEASED};
 
 use super::decode_graph::RecordedStep;
 use super::pool::{lock, PoolInner, Shared};
+use super::verify::Unsettled;
 use super::Model;
 
 /// One sequence's state.
@@ -20,6 +21,8 @@ pub struct SeqState<B: Backend> {
     block: usize,
     pub(super) recorded: Recorded<B>,
     pub(super) recordings: usize,
+    /// A verification step's positions, until `Model::settle` keeps some (verify.rs).
+    pub(super) unsettled: Option<Unsettled<B>>,
 }
 
 /// A sequence's recorded decode step (decode_graph.rs).
@@ -52,7 +55,16 @@ impl<B: Backend> SeqState<B> {
         };
         let (tables, block) = (vec![Vec::new(); p.groups.len()], p.layout.block);
         drop(p);
-        Ok(SeqState { pos: 0, pool: pool.clone(), tables, slot, block, recorded: Recorded::None, recordings: 0 })
+        Ok(SeqState {
+            pos: 0,
+            pool: pool.clone(),
+            tables,
+            slot,
+            block,
+            recorded: Recorded::None,
+            recordings: 0,
+            unsettled: None,
+        })
     }
 
     /// Tokens processed so far.
@@ -132,13 +144,24 @@ impl<B: Backend> SeqState<B> {
         Ok(())
     }
 
-    /// Gives back every block (the tables empty).
+    /// Gives back every block (the tables empty) and the snapshot slot of an unsettled
+    /// verification.
     fn release_blocks(&mut self, p: &mut PoolInner<B>) -> Result<()> {
+        if let Some(slot) = self.unsettled.take().and_then(|u| u.snapshot) {
+            p.give_slot(slot);
+        }
+        self.truncate(p, 0)
+    }
+
+    /// Forgets every position from `positions` on: the blocks past them go back to the pool.
+    pub(super) fn truncate(&mut self, p: &mut PoolInner<B>, positions: usize) -> Result<()> {
+        let keep = positions.div_ceil(self.block);
         for (table, alloc) in self.tables.iter_mut().zip(&mut p.groups) {
-            for id in table.drain(..).filter(|&id| id != RELEASED) {
+            for id in table.drain(keep.min(table.len())..).filter(|&id| id != RELEASED) {
                 alloc.release(id)?;
             }
         }
+        self.pos = self.pos.min(positions);
         Ok(())
     }
 }

@@ -1,0 +1,131 @@
+//! The target's side of speculative decoding: a verification runs a sequence's last accepted
+//! token and its drafts as consecutive single-token steps in one batched forward
+//! (`Model::step`, `StepSeq::verify`), so every position computes exactly what a decode step
+//! there would; `Model::settle` then keeps the accepted positions.
+//!
+//! Rolling back: attention keys and values of rejected positions are simply forgotten (the
+//! table gives back the blocks past the kept length; stale rows in the last kept block are
+//! overwritten before anything reads them). The Gated DeltaNet layers' conv and recurrent states
+//! cannot be truncated, so they are recomputed: before the step, each verifying sequence's slot
+//! is copied into a spare slot; the step keeps every delta-net layer's projected inputs (a few
+//! rows); a sequence that rejects some drafts gets its snapshot back and reruns the single-token
+//! delta rule over its kept rows. That costs one state copy per verifying sequence per step and,
+//! on a rejection, the delta rule's steps over the kept positions (no weight reads), instead of
+//! a state copy per verified position (docs/performance.md, "Speculative decoding").
+
+use std::sync::Arc;
+
+use vt_core::{Backend, Error, GdnState, Result, Tensor};
+
+use super::batch::{StepOutput, StepSeq};
+use super::layer::Mixer;
+use super::pool::{lock, GdnSlot, LayerSlot};
+use super::state::SeqState;
+use super::{Logits, Model};
+
+/// Each delta-net layer's projected inputs of a verification step (`qkv`, `a`, `b`, every row of
+/// the step).
+pub(super) type Saved<B> = Vec<[Tensor<B>; 3]>;
+
+/// A verified sequence before `settle`.
+pub(super) struct Unsettled<B: Backend> {
+    /// Its position before the step, and the tokens the step ran.
+    pub(super) start: usize,
+    pub(super) len: usize,
+    /// The slot holding its linear-attention state from before the step.
+    pub(super) snapshot: Option<usize>,
+    /// Its row in the step, for each position.
+    pub(super) rows: Vec<usize>,
+    /// The step's delta-net inputs (shared by the step's verifying sequences).
+    pub(super) saved: Arc<Saved<B>>,
+}
+
+impl<B: Backend> Model<B> {
+    /// One step for many sequences, each running its `ids` after what its state holds:
+    /// `forward_batch` where a sequence may verify drafts (`StepSeq::verify`) and the hidden
+    /// states may be asked for. A failed call leaves every state in the batch unusable.
+    pub fn step(&self, seqs: &mut [StepSeq<'_, B>], hidden: bool) -> Result<StepOutput<B>> {
+        self.run(seqs, Logits::Last, hidden)
+    }
+
+    /// Ends each verifying sequence's step: it keeps the first `keep` of the positions it verified
+    /// (1 ..= the tokens it ran: the last accepted token and the accepted drafts) and ends
+    /// exactly as a sequence that had run only those: its attention blocks past them go back to
+    /// the pool and its linear-attention state is the one after them, bit for bit. A failed call
+    /// leaves the states unusable.
+    pub fn settle(&self, seqs: &mut [(&mut SeqState<B>, usize)]) -> Result<()> {
+        let Some(shared) = seqs.first().map(|(s, _)| s.pool.clone()) else { return Ok(()) };
+        for (s, keep) in seqs.iter() {
+            let Some(u) = &s.unsettled else {
+                return Err(Error::input("settle: a sequence that did not verify"));
+            };
+            if !(1..=u.len).contains(keep) || !Arc::ptr_eq(&s.pool, &shared) {
+                return Err(Error::input(format!(
+                    "settle: keeping {keep} of {} verified positions (1 to all, sequences of one pool)",
+                    u.len
+                )));
+            }
+        }
+        let units: Vec<(Unsettled<B>, usize)> =
+            seqs.iter_mut().map(|(s, keep)| (s.unsettled.take().expect("checked"), *keep)).collect();
+        let mut p = lock(&shared);
+        let redone = self.rerun_kept(seqs, &units, &mut p);
+        for ((s, _), (u, keep)) in seqs.iter_mut().zip(&units) {
+            if let Some(slot) = u.snapshot {
+                p.give_slot(slot);
+            }
+            s.truncate(&mut p, u.start + keep)?;
+            s.release_outside_windows(&mut p)?;
+        }
+        redone
+    }
+
+    /// Restores the snapshot of each sequence that rejected drafts and reruns the delta rule over
+    /// its kept positions, a wave of single-token steps per position, batched over the sequences
+    /// of one step.
+    fn rerun_kept(
+        &self,
+        seqs: &[(&mut SeqState<B>, usize)],
+        units: &[(Unsettled<B>, usize)],
+        p: &mut super::pool::PoolInner<B>,
+    ) -> Result<()> {
+        let redo: Vec<usize> = (0..units.len()).filter(|&i| units[i].1 < units[i].0.len).collect();
+        let mut own = Vec::with_capacity(redo.len());
+        for &i in &redo {
+            let (Some(snap), Some(slot)) = (units[i].0.snapshot, seqs[i].0.slot) else { continue };
+            p.copy_slot(snap, slot)?;
+            own.push((i, slot));
+        }
+        let b = &self.backend;
+        let mut done = vec![false; own.len()];
+        while let Some(first) = done.iter().position(|d| !d) {
+            // The sequences verified in the same step as `first`.
+            let step = &units[own[first].0].0.saved;
+            let group: Vec<usize> =
+                (0..own.len()).filter(|&j| !done[j] && Arc::ptr_eq(&units[own[j].0].0.saved, step)).collect();
+            group.iter().for_each(|&j| done[j] = true);
+            let longest = group.iter().map(|&j| units[own[j].0].1).max().unwrap_or(0);
+            for (layer, &slot) in self.layers.iter().zip(&self.state_layout.layers) {
+                let (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) = (&layer.mixer, slot) else { continue };
+                let inputs = step.get(g).ok_or_else(|| Error::input("settle: the step kept no delta-net inputs"))?;
+                for pos in 0..longest {
+                    let wave: Vec<(usize, usize)> = (group.iter().map(|&j| own[j]))
+                        .filter(|&(i, _)| units[i].1 > pos)
+                        .map(|(i, slot)| (units[i].0.rows[pos], slot))
+                        .collect();
+                    let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
+                    let mut states = (wave.iter())
+                        .map(|&(_, s)| {
+                            let slot = by_slot.get_mut(s).and_then(Option::take);
+                            let slot = slot.ok_or_else(|| Error::input("settle: a slot outside the pool"))?;
+                            Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let rows: Vec<usize> = wave.iter().map(|w| w.0).collect();
+                    d.rerun(b, inputs, &rows, &mut states)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
