@@ -7,13 +7,18 @@
 //! bandwidth measured here).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 use serde_json::Value;
 use vt::checkpoint::{Checkpoint, Config, TensorStore};
 use vt::grammar::{ConstraintSpec, GrammarCompiler};
-use vt::{Backend, DummyWeights, Engine, EngineConfig, Model, Request, Result, SamplingParams};
+use vt::{
+    Backend, Draft, Drafter, DummyWeights, Engine, EngineConfig, Event, Model, Observation, Proposal, Request, Result,
+    SamplingParams, SeqId,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadFormat {
@@ -122,6 +127,27 @@ pub struct Shape {
     /// Fraction of the device's memory the run may use (the KV pool takes what the weights
     /// leave of it).
     pub gpu_memory_utilization: f64,
+    /// Drafts verified in every decode step (`RepeatDrafter`); 0: none.
+    pub speculative_tokens: usize,
+}
+
+/// Drafts the sequence's last token `k` times, always: every decode step verifies `k` drafts,
+/// so a run times the verification step at `k` whatever the acceptance (which random weights
+/// make meaningless).
+struct RepeatDrafter;
+
+impl<B: Backend> Drafter<B> for RepeatDrafter {
+    fn propose(&mut self, seqs: &[Proposal<'_>]) -> Result<Vec<Draft>> {
+        Ok(seqs.iter().map(|p| Draft { tokens: vec![p.tokens[p.tokens.len() - 1]; p.k], probs: None }).collect())
+    }
+
+    fn observe(&mut self, _: &[Observation<'_, B>]) -> Result<()> {
+        Ok(())
+    }
+
+    fn fork(&mut self, _: SeqId, _: SeqId) {}
+
+    fn release(&mut self, _: SeqId) {}
 }
 
 /// Seconds of one batch's generation.
@@ -139,6 +165,8 @@ struct Timed {
 /// Generates `shape.gen_len` tokens for each of `n` prompts of `shape.prompt_len` tokens.
 fn generate<B: Backend>(engine: &mut Engine<B>, n: usize, shape: &Shape) -> Result<Timed> {
     let vocab = engine.model().spec().vocab;
+    // Tokens sent (a step runs more where it verifies drafts).
+    let emitted = Arc::new(AtomicUsize::new(0));
     for i in 0..n {
         let prompt = (0..shape.prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
         let grammar = shape.constraint.as_ref().map(|(c, spec)| c.compile(spec)).transpose()?;
@@ -149,17 +177,25 @@ fn generate<B: Backend>(engine: &mut Engine<B>, n: usize, shape: &Shape) -> Resu
             grammar,
             ..Default::default()
         };
-        engine.add(req, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
+        let count = emitted.clone();
+        let sink = Box::new(move |e| {
+            if matches!(e, Event::Token(_)) {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            true
+        });
+        engine.add(req, sink).map_err(|e| vt::Error::input(format!("{e:?}")))?;
     }
     let started = Instant::now();
     engine.step();
     let ttft = started.elapsed().as_secs_f64();
-    let (mut generated, mut steps) = (n, Vec::new());
+    let mut steps = Vec::new();
     while engine.has_work() {
         let t0 = Instant::now();
-        generated += engine.step();
+        engine.step();
         steps.push(t0.elapsed().as_secs_f64());
     }
+    let generated = emitted.load(Ordering::Relaxed);
     steps.sort_by(f64::total_cmp);
     Ok(Timed { ttft, decode: started.elapsed().as_secs_f64() - ttft, steps, generated })
 }
@@ -185,9 +221,13 @@ where
         max_batch_tokens: usize::MAX,
         max_context: shape.prompt_len + shape.gen_len,
         gpu_memory_utilization: shape.gpu_memory_utilization,
+        speculative_tokens: shape.speculative_tokens,
         ..Default::default()
     };
     let mut engine = Engine::new(model, config)?;
+    if shape.speculative_tokens > 0 {
+        engine.set_drafter(Box::new(RepeatDrafter));
+    }
     for &n in &shape.batch {
         // Each batch size runs once untimed first: the first run of a shape pays one-off costs
         // that a served model pays once (the weights' derived state, the first use of each kernel
@@ -195,7 +235,12 @@ where
         // The timed run's sequences take the states the first run's finished sequences left, as
         // a server's later requests do, with their recorded decode steps.
         let _ = generate(&mut engine, n, shape)?;
+        let (drafted, accepted) = engine.speculation_stats();
         let Timed { ttft, decode, steps, generated } = generate(&mut engine, n, shape)?;
+        let speculation = match engine.speculation_stats() {
+            (d, _) if d == drafted => String::new(),
+            (d, a) => format!("; drafts accepted {} of {}", a - accepted, d - drafted),
+        };
         let tpot = decode / steps.len().max(1) as f64;
         // The median step shows the steady state apart from the odd slow step (a recording, a
         // cache that moves, the host being busy), which the mean includes.
@@ -204,7 +249,7 @@ where
         let vs_roofline =
             if n == 1 { format!(", {:.0}% of the roofline", 100.0 * tok_s / roofline) } else { String::new() };
         println!(
-            "batch {n:>3}: TTFT {:>8.1} ms (prefill {:>7.0} tok/s), TPOT {:>7.2} ms (median step {:.2} ms), decode {:>8.1} tok/s{vs_roofline} ({} tokens in {} steps); memory {:.2} GiB live, {:.2} GiB peak",
+            "batch {n:>3}: TTFT {:>8.1} ms (prefill {:>7.0} tok/s), TPOT {:>7.2} ms (median step {:.2} ms), decode {:>8.1} tok/s{vs_roofline} ({} tokens in {} steps{speculation}); memory {:.2} GiB live, {:.2} GiB peak",
             ttft * 1e3,
             (n * shape.prompt_len) as f64 / ttft,
             tpot * 1e3,

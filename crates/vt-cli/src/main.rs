@@ -121,7 +121,14 @@ struct EngineArgs {
     /// (or 4096 where it states none) if unset, and never more.
     #[arg(long, value_parser = count(2, MAX_TOKENS))]
     max_model_len: Option<usize>,
+    /// Speculative decoding: tokens drafted per decode step (by prompt lookup: what followed the
+    /// latest earlier occurrence of the last few tokens), verified in one forward; 0 is off.
+    #[arg(long, default_value_t = 0, value_parser = count(0, MAX_DRAFTS))]
+    speculative_tokens: usize,
 }
+
+/// Most drafts a step may verify per sequence.
+const MAX_DRAFTS: usize = 16;
 
 #[derive(clap::Args)]
 struct ServeArgs {
@@ -209,6 +216,10 @@ enum Command {
         /// Print a JSON object (`token_ids`: the generated ids) as the last line of stdout.
         #[arg(long)]
         json: bool,
+        /// Speculative decoding: tokens drafted per step (prompt lookup), verified in one
+        /// forward; 0 is off. The output is the same either way.
+        #[arg(long, default_value_t = 0, value_parser = count(0, MAX_DRAFTS))]
+        speculative_tokens: usize,
     },
     /// Chat through the model's chat template: line editing and history; Ctrl-C stops a reply,
     /// Ctrl-D (or an empty line) ends.
@@ -279,6 +290,11 @@ enum Command {
         /// held at once against its arithmetic.
         #[arg(long, value_parser = count(2, 1 << 20), conflicts_with = "shared_prefix")]
         hold_context: Option<usize>,
+        /// Verify this many drafted tokens in every decode step (the drafts repeat the last
+        /// token: with random weights acceptance means nothing, so this times the verification
+        /// step at k; the acceptance rate is printed); 0 is off.
+        #[arg(long, default_value_t = 0, value_parser = count(0, MAX_DRAFTS))]
+        speculative_tokens: usize,
     },
 }
 
@@ -407,7 +423,7 @@ where
             safetensors::serialize_to_file([("logits", view)], None, out)?;
             Ok(())
         }
-        Command::Generate { model, prompt, prompt_ids, max_new_tokens, sample, json } => {
+        Command::Generate { model, prompt, prompt_ids, max_new_tokens, sample, json, speculative_tokens } => {
             let (m, dir) = load(backend, model)?;
             let ctx = context(&dir)?;
             let mut opts = vt::GenerateOptions {
@@ -425,7 +441,7 @@ where
                     let mut detok = Detokenizer::new();
                     let mut all = text.clone();
                     print!("{text}");
-                    let g = vt::generate_with(&m, &ids, &opts, |id| {
+                    let g = generate(m, &ids, &opts, *speculative_tokens, |id| {
                         let delta = detok.push(&tok, id).unwrap_or_default();
                         all.push_str(&delta);
                         print!("{delta}");
@@ -438,7 +454,7 @@ where
                 }
                 (None, Some(ids)) => {
                     check_fits(ids.len(), *max_new_tokens, ctx)?;
-                    let g = vt::generate(&m, ids, &opts)?;
+                    let g = generate(m, ids, &opts, *speculative_tokens, |_| ControlFlow::Continue(()))?;
                     if !json {
                         println!("{}", g.token_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
                     }
@@ -489,6 +505,7 @@ where
                 gpu_memory_utilization: engine.gpu_memory_utilization,
                 max_context,
                 prefix_cache: !engine.no_prefix_cache,
+                speculative_tokens: engine.speculative_tokens,
             };
             let name = serve.served_model_name.clone().unwrap_or_else(|| {
                 let dir = dir.canonicalize().unwrap_or(dir.clone());
@@ -527,6 +544,7 @@ where
             turns,
             no_prefix_cache,
             hold_context,
+            speculative_tokens,
         } => {
             let dir = model_dir(model.model.as_deref())?;
             let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
@@ -569,11 +587,29 @@ where
                 gen_len: *gen_len,
                 constraint,
                 gpu_memory_utilization: *gpu_memory_utilization,
+                speculative_tokens: *speculative_tokens,
             };
             bench::run(backend, m, &shape, bandwidth)?;
             Ok(())
         }
     }
+}
+
+/// Generates for one prompt: alone, or through an engine of one sequence where it speculates.
+fn generate<B: Backend>(
+    m: Model<B>,
+    ids: &[u32],
+    opts: &vt::GenerateOptions,
+    speculative_tokens: usize,
+    on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> AnyResult<vt::Generation>
+where
+    Model<B>: Send,
+{
+    Ok(match speculative_tokens {
+        0 => vt::generate_with(&m, ids, opts, on_token)?,
+        k => vt::generate_speculative(m, ids, opts, k, on_token)?,
+    })
 }
 
 /// Serves `state` as `args` say until SIGINT or SIGTERM, logging with `tracing` (`RUST_LOG`).

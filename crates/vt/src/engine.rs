@@ -10,7 +10,10 @@
 //! prompt. A request that could never fit the pool, even alone, is refused at submission with the
 //! sizes; any other waits.
 
+mod speculate;
+
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -18,12 +21,13 @@ use std::thread::JoinHandle;
 use rayon::prelude::*;
 use vt_core::backend::{mask_words, non_finite_row, Pick};
 use vt_core::{Backend, Error};
-use vt_models::{Model, ModelSpec, PoolConfig, PoolShape, PoolStats, SeqState, StatePool};
+use vt_models::{Model, ModelSpec, PoolConfig, PoolShape, PoolStats, SeqState, StatePool, StepSeq};
 
 use crate::grammar::{Grammar, TokenMask};
 use crate::prefix_cache::{PrefixCache, SeqPrefix};
 pub use crate::prefix_index::PrefixStats;
 use crate::sampling::{token_logprobs, Sampler, SamplingParams, TokenLogprobs};
+use crate::speculative::{Drafter, NgramDrafter, SeqId};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -46,6 +50,9 @@ pub struct EngineConfig {
     /// Keep finished prefixes' KV blocks and linear-attention snapshots for later prompts that
     /// start with them (`prefix_cache.rs`); models with sliding-window layers cache nothing.
     pub prefix_cache: bool,
+    /// Speculative decoding: tokens a drafter proposes per decode step, verified in one forward
+    /// (0: off). The drafter is `Engine::set_drafter`'s, else prompt lookup (`NgramDrafter`).
+    pub speculative_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +65,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             max_context: 4096,
             prefix_cache: true,
+            speculative_tokens: 0,
         }
     }
 }
@@ -219,6 +227,8 @@ struct Fork {
 }
 
 struct Running<B: Backend> {
+    /// Its name to the drafter.
+    id: SeqId,
     sink: Sink,
     cancel: CancelToken,
     state: SeqState<B>,
@@ -260,18 +270,13 @@ impl<B: Backend> Running<B> {
                     Some(Err(e)) => return Some(Event::Failed(e.to_string())),
                     _ => {}
                 }
-                let lp = self.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
-                    let mut lp = lps[row].clone();
-                    lp.top.truncate(k);
-                    lp
-                });
-                (self.sampler.accept(pick.id), lp)
+                (self.sampler.accept(pick.id), self.row_logprobs(lps, row))
             }
             Picks::Logits(logits) => {
-                let raw = &logits[row * vocab..(row + 1) * vocab];
-                if let Err(e) = vt_core::backend::check_finite(raw) {
-                    return Some(Event::Failed(e.to_string()));
-                }
+                let raw = match finite_row(logits, row, vocab) {
+                    Ok(raw) => raw,
+                    Err(e) => return Some(e),
+                };
                 let id = match mask {
                     None => self.sampler.sample(raw),
                     Some(Ok(mask)) => {
@@ -286,6 +291,21 @@ impl<B: Backend> Running<B> {
                 (id, self.logprobs.map(|k| token_logprobs(raw, id, k)))
             }
         };
+        self.emit(id, logprobs)
+    }
+
+    /// The logprobs of row `row` of a greedy step's, as many alternatives as this sequence asks.
+    fn row_logprobs(&self, lps: &Option<Vec<TokenLogprobs>>, row: usize) -> Option<TokenLogprobs> {
+        self.logprobs.zip(lps.as_ref()).map(|(k, lps)| {
+            let mut lp = lps[row].clone();
+            lp.top.truncate(k);
+            lp
+        })
+    }
+
+    /// Sends `id` (chosen and recorded by the sampler) with its logprobs; returns the event that
+    /// ends the sequence, if it ends.
+    fn emit(&mut self, id: u32, logprobs: Option<TokenLogprobs>) -> Option<Event> {
         if let Some(Err(e)) = self.grammar.as_mut().map(|g| g.accept(id)) {
             return Some(Event::Failed(e.to_string()));
         }
@@ -304,8 +324,9 @@ impl<B: Backend> Running<B> {
     }
 
     /// A further choice of this request, starting from `state` (a fork of this one's).
-    fn fork(&self, f: Fork, state: SeqState<B>) -> Running<B> {
+    fn fork(&self, f: Fork, state: SeqState<B>, id: SeqId) -> Running<B> {
         Running {
+            id,
             sink: f.sink,
             cancel: f.cancel,
             state,
@@ -320,6 +341,13 @@ impl<B: Backend> Running<B> {
             forks: Vec::new(),
         }
     }
+}
+
+/// Row `row` of `logits` (`[rows, vocab]`), or the event that fails a sequence whose row is not
+/// finite.
+fn finite_row(logits: &[f32], row: usize, vocab: usize) -> Result<&[f32], Event> {
+    let raw = &logits[row * vocab..(row + 1) * vocab];
+    vt_core::backend::check_finite(raw).map(|()| raw).map_err(|e| Event::Failed(e.to_string()))
 }
 
 /// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
@@ -344,6 +372,13 @@ pub struct Engine<B: Backend> {
     spare: Vec<SeqState<B>>,
     /// Prefixes of earlier sequences, where the config and the model allow.
     prefix: Option<PrefixCache>,
+    /// Proposes tokens to verify, where `speculative_tokens` > 0.
+    drafter: Option<Box<dyn Drafter<B>>>,
+    /// The next sequence's `SeqId`.
+    next_seq: SeqId,
+    /// Drafts verified and accepted so far.
+    drafted: u64,
+    accepted: u64,
     /// What a handle reads of this engine between steps.
     shared: Arc<Shared>,
 }
@@ -380,6 +415,11 @@ impl<B: Backend> Engine<B> {
         // running sequence (its latest while it decodes), and as many again cached.
         let snapshots = if config.prefix_cache { 2 * config.max_seqs } else { 0 };
         let sized = model.pool_config(config.max_seqs, config.max_context, config.max_batch_tokens);
+        // Speculative decoding: a slot per sequence for its state before a verification, which a
+        // budget holds with the sequences (verify.rs in vt-models).
+        let verify_slots = if config.speculative_tokens > 0 { config.max_seqs } else { 0 };
+        let verify_bytes = model.pool_config(verify_slots, 0, config.max_batch_tokens).bytes;
+        let sized = PoolConfig { bytes: sized.bytes + verify_bytes, ..sized };
         let slot_bytes = model.pool_config(1, 0, config.max_batch_tokens).bytes.max(1);
         // A budget given in bytes holds the sequences first; snapshots get what it leaves.
         let snapshots = match config.memory_budget {
@@ -387,7 +427,7 @@ impl<B: Backend> Engine<B> {
             None => snapshots,
         };
         let snapshot_bytes = model.pool_config(snapshots, 0, config.max_batch_tokens).bytes;
-        let sized = PoolConfig { bytes: sized.bytes + snapshot_bytes, snapshots, ..sized };
+        let sized = PoolConfig { bytes: sized.bytes + snapshot_bytes, snapshots: snapshots + verify_slots, ..sized };
         let bytes = match config.memory_budget {
             Some(bytes) => bytes,
             None => match model.backend().device_memory()? {
@@ -410,6 +450,8 @@ impl<B: Backend> Engine<B> {
         let prefix = if config.prefix_cache { PrefixCache::new(&pool, snapshots) } else { None };
         let limits = Limits { spec: model.spec().clone(), pool: pool.shape(), config };
         limits.pool.check_fits(2, limits.config.max_batch_tokens)?;
+        let drafter =
+            (limits.config.speculative_tokens > 0).then(|| Box::new(NgramDrafter::default()) as Box<dyn Drafter<B>>);
         let engine = Engine {
             model,
             limits,
@@ -418,6 +460,10 @@ impl<B: Backend> Engine<B> {
             pool,
             spare: Vec::new(),
             prefix,
+            drafter,
+            next_seq: 0,
+            drafted: 0,
+            accepted: 0,
             shared: Arc::default(),
         };
         engine.publish();
@@ -478,41 +524,61 @@ impl<B: Backend> Engine<B> {
         self.prefix.as_ref().map(PrefixCache::stats).unwrap_or_default()
     }
 
+    /// Drafts verified and accepted so far (speculative decoding).
+    pub fn speculation_stats(&self) -> (u64, u64) {
+        (self.drafted, self.accepted)
+    }
+
+    /// Proposes the drafts from now on (`EngineConfig::speculative_tokens` says how many per
+    /// step; with 0 none are asked for).
+    pub fn set_drafter(&mut self, drafter: Box<dyn Drafter<B>>) {
+        self.drafter = Some(drafter);
+    }
+
     /// KV blocks the prefix cache holds.
     pub fn cached_blocks(&self) -> usize {
         self.prefix.as_ref().map_or(0, PrefixCache::blocks)
     }
 
-    /// One batched forward over the running sequences (admitting waiting ones first).
-    /// Returns the number of tokens it ran.
+    /// One batched forward over the running sequences (admitting waiting ones first), verifying
+    /// drafts where speculative decoding is on. Returns the number of tokens it ran.
     pub fn step(&mut self) -> usize {
         self.drop_cancelled();
-        let take = self.schedule();
+        let mut take = self.schedule();
+        let (drafts, mut failed) = self.draft(&mut take);
         // A sequence needs a token when this step ends its pending tokens. When all that do are
         // greedy (a grammar's mask goes to the device), the tokens are picked where the logits are
         // and only they are read back.
-        let needs: Vec<bool> =
-            (self.running.iter().zip(&take)).map(|(s, &n)| n > 0 && n == s.pending().len()).collect();
+        let needs: Vec<bool> = (self.running.iter().zip(&take).zip(&drafts))
+            .map(|((s, &n), d)| n > 0 && (d.is_some() || n == s.pending().len()))
+            .collect();
         let greedy = (self.running.iter().zip(&needs)).all(|(s, &need)| !need || s.sampler.is_greedy());
         // Greedy picks' logprobs are computed where the logits are, for the most any sequence asks.
         let top_k = (self.running.iter().zip(&needs)).filter(|(_, &need)| need).filter_map(|(s, _)| s.logprobs).max();
-        let mut batch: Vec<(&[u32], &mut SeqState<B>)> = self
-            .running
-            .iter_mut()
-            .zip(&take)
-            .filter(|(_, &n)| n > 0)
-            .map(|(s, &n)| {
+        // A verification runs the pending token, then the drafts.
+        let verify_ids: Vec<Option<Vec<u32>>> = (self.running.iter().zip(&drafts))
+            .map(|(s, d)| d.as_ref().map(|d| [s.pending(), &d.tokens].concat()))
+            .collect();
+        let mut batch: Vec<StepSeq<'_, B>> = (self.running.iter_mut().zip(&take).zip(&verify_ids))
+            .filter(|((_, &n), _)| n > 0)
+            .map(|((s, &n), v)| {
                 let at = s.state.len();
-                (&s.tokens[at..at + n], &mut s.state)
+                match v {
+                    Some(ids) => StepSeq { ids, state: &mut s.state, verify: true },
+                    None => StepSeq { ids: &s.tokens[at..at + n], state: &mut s.state, verify: false },
+                }
             })
             .collect();
         if batch.is_empty() {
+            drop(batch);
+            self.finish_where(true, |_, i| failed[i].take());
             return 0;
         }
         // The forward is launched (a device backend runs it asynchronously); while it runs, the
         // grammars work out their masks on the CPU, across host threads: a batch of constrained
         // sequences costs about one mask's time.
-        let logits = self.model.forward_batch(&mut batch);
+        let hidden = self.drafter.as_ref().is_some_and(|d| d.needs_hidden());
+        let out = self.model.step(&mut batch, hidden);
         drop(batch);
         let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&needs))
             .map(|(s, &need)| if need { s.grammar.as_mut() } else { None })
@@ -522,49 +588,58 @@ impl<B: Backend> Engine<B> {
         drop(grammars);
         let backend = self.model.backend();
         let vocab = self.limits.spec.vocab;
-        let picks = logits.and_then(|l| {
-            Ok(if greedy {
-                let allowed = allowed_bits(take.iter().map(|&n| n > 0), &masks, vocab);
-                let picks = backend.argmax_rows(&l, allowed.as_deref())?;
+        let picks = out.and_then(|out| {
+            let l = &out.logits;
+            // Each running sequence's rows of the logits (none where it did not run).
+            let mut at = out.rows.into_iter();
+            let rows: Vec<Range<usize>> =
+                take.iter().map(|&n| if n > 0 { at.next().unwrap_or(0..0) } else { 0..0 }).collect();
+            let picks = if greedy {
+                let allowed = allowed_bits(rows.iter().map(Range::len), &masks, vocab);
+                let picks = backend.argmax_rows(l, allowed.as_deref())?;
                 let logprobs = match top_k {
                     Some(k) => {
                         let ids: Vec<u32> = picks.iter().map(|p| p.id).collect();
-                        Some(backend.top_logprobs_rows(&l, &ids, k)?)
+                        Some(backend.top_logprobs_rows(l, &ids, k)?)
                     }
                     None => None,
                 };
                 Picks::Ids(picks, logprobs)
             } else {
-                Picks::Logits(backend.to_f32(&l)?)
-            })
+                Picks::Logits(backend.to_f32(l)?)
+            };
+            Ok((picks, rows, out.hidden))
         });
         let ran = take.iter().sum();
-        let picks = match picks {
+        let (picks, rows, hidden) = match picks {
             Ok(p) => p,
             Err(e) => {
                 // The states of every sequence in the batch are now unusable.
                 let msg = e.to_string();
-                self.finish_where(false, |_, i| (take[i] > 0).then(|| Event::Failed(msg.clone())));
+                let mut fail =
+                    |i: usize| failed[i].take().or_else(|| (take[i] > 0).then(|| Event::Failed(msg.clone())));
+                self.finish_where(false, |_, i| fail(i));
                 return ran;
             }
         };
-        let mut row = 0;
-        let mut events: Vec<Option<Event>> = vec![None; self.running.len()];
+        let mut events: Vec<Option<Event>> = failed;
+        // Verifications first: their tokens, then what each keeps.
+        let kept = self.accept_drafts(&picks, &rows, &drafts, &mut events);
         let mut forked = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
-            if take[i] == 0 {
+            if take[i] == 0 || events[i].is_some() {
                 continue;
             }
-            row += 1;
             if let Some(cache) = &mut self.prefix {
                 if let Err(e) = cache.after_step(&self.pool, &s.state, &s.tokens, &mut s.prefix) {
                     events[i] = Some(Event::Failed(e.to_string()));
                     continue;
                 }
             }
-            if !s.pending().is_empty() {
-                continue; // mid-prompt: this chunk's logits are not needed
+            if drafts[i].is_some() || !s.pending().is_empty() {
+                continue; // verified above, or mid-prompt: this chunk's logits are not needed
             }
+            let row = rows[i].start;
             // The request's further choices fork off here and take this row too; they copy the
             // grammar before this choice's token moves it.
             for f in std::mem::take(&mut s.forks) {
@@ -578,16 +653,23 @@ impl<B: Backend> Engine<B> {
                     Ok(state)
                 });
                 match child {
-                    Ok(state) => forked.push((s.fork(f, state), row - 1)),
+                    Ok(state) => {
+                        self.next_seq += 1;
+                        forked.push((s.fork(f, state, self.next_seq - 1), s.id, row));
+                    }
                     Err(e) => {
                         let mut sink = f.sink;
                         sink(Event::Failed(e.to_string()));
                     }
                 }
             }
-            events[i] = s.pick(&picks, row - 1, masks[i].take(), vocab);
+            events[i] = s.pick(&picks, row, masks[i].take(), vocab);
         }
-        for (mut child, r) in forked {
+        self.observe(&take, &kept, hidden, &mut events);
+        for (mut child, parent, r) in forked {
+            if let Some(d) = &mut self.drafter {
+                d.fork(parent, child.id);
+            }
             // Greedy picks were made under the first choice's mask, which a fork's is.
             let mask = match picks {
                 Picks::Ids(..) => None,
@@ -611,6 +693,9 @@ impl<B: Backend> Engine<B> {
                         (f.sink)(ev.clone());
                     }
                     (s.sink)(ev);
+                    if let Some(d) = &mut self.drafter {
+                        d.release(s.id);
+                    }
                     if let Some(cache) = &mut self.prefix {
                         // An intact state's latest snapshot is cached; a failed one's is not.
                         if !reuse || cache.finish(&self.pool, &s.state, &s.tokens, &mut s.prefix).is_err() {
@@ -668,6 +753,8 @@ impl<B: Backend> Engine<B> {
         let mut take = vec![0; self.running.len()];
         let mut failed: Vec<Option<Event>> = vec![None; self.running.len()];
         let mut preempted = false;
+        let speculative = if self.drafter.is_some() { self.limits.config.speculative_tokens } else { 0 };
+        let snapshot_block = self.prefix.as_ref().map(PrefixCache::block_size);
         for i in vt_models::decode_first(self.running.iter().map(|s| s.pending().len())) {
             let s = &mut self.running[i];
             if let (true, Some(cache)) = (s.state.is_empty(), &mut self.prefix) {
@@ -680,7 +767,10 @@ impl<B: Backend> Engine<B> {
                     }
                 }
             }
-            let want = s.prefix.cap(s.state.len(), s.pending().len().min(budget));
+            let mut want = s.prefix.cap(s.state.len(), s.pending().len().min(budget));
+            if want == 1 {
+                want += s.draft_room(speculative, snapshot_block).min(budget - 1);
+            }
             if want == 0 {
                 continue;
             }
@@ -713,6 +803,9 @@ impl<B: Backend> Engine<B> {
                 take[j] = 0;
                 if let Some(cache) = &mut self.prefix {
                     cache.forget(&self.pool, &mut victim.prefix);
+                }
+                if let Some(d) = &mut self.drafter {
+                    d.release(victim.id);
                 }
                 if let Err(e) = self.model.reset_state(&mut victim.state) {
                     // It cannot be emptied: it fails, and its blocks go with its state.
@@ -786,7 +879,9 @@ impl<B: Backend> Engine<B> {
                     }
                     *budget -= n;
                     take.push(n);
+                    self.next_seq += 1;
                     self.running.push(Running {
+                        id: self.next_seq - 1,
                         sink: w.sink,
                         cancel: w.cancel,
                         state,
@@ -813,10 +908,11 @@ impl<B: Backend> Engine<B> {
 }
 
 /// The grammars' masks as `Device::argmax_rows` takes them, one row per logits row (`rows`: each
-/// running sequence, whether it has a row), every token allowed in a row without a mask; `None`
-/// when no row has one.
+/// running sequence's count of rows, 0 where it did not run, several where it verifies drafts,
+/// which a sequence with a grammar never does), every token allowed in a row without a mask;
+/// `None` when no row has one.
 fn allowed_bits(
-    rows: impl Iterator<Item = bool>,
+    rows: impl Iterator<Item = usize>,
     masks: &[Option<crate::Result<TokenMask>>],
     vocab: usize,
 ) -> Option<Vec<u32>> {
@@ -825,14 +921,13 @@ fn allowed_bits(
     }
     let words = mask_words(vocab);
     let mut bits = Vec::new();
-    for (has_row, mask) in rows.zip(masks) {
-        if !has_row {
-            continue;
-        }
-        let at = bits.len();
-        bits.resize(at + words, u32::MAX);
-        if let Some(Ok(mask)) = mask {
-            mask.write_words(&mut bits[at..]);
+    for (n, mask) in rows.zip(masks) {
+        for _ in 0..n {
+            let at = bits.len();
+            bits.resize(at + words, u32::MAX);
+            if let Some(Ok(mask)) = mask {
+                mask.write_words(&mut bits[at..]);
+            }
         }
     }
     Some(bits)

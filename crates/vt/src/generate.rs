@@ -3,9 +3,12 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use vt_core::{Backend, Result};
+use std::sync::{Arc, Mutex};
+
+use vt_core::{Backend, Error, Result};
 use vt_models::{Logits, Model};
 
+use crate::engine::{Engine, EngineConfig, Event, Request};
 use crate::sampling::{Sampler, SamplingParams};
 
 #[derive(Clone, Debug)]
@@ -65,5 +68,69 @@ pub fn generate_with<B: Backend>(
         }
         next_input = vec![id];
     }
+    Ok(Generation { token_ids: out, prefill_time, decode_time: started.elapsed() - prefill_time })
+}
+
+/// `generate_with` through an engine of this one sequence, which verifies up to
+/// `speculative_tokens` drafted tokens per step (prompt lookup, `NgramDrafter`): the same
+/// tokens (its prompt runs in one chunk, as `generate_with`'s), in fewer steps where the text
+/// repeats itself.
+pub fn generate_speculative<B: Backend>(
+    model: Model<B>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    speculative_tokens: usize,
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Generation>
+where
+    Model<B>: Send,
+{
+    let max_context = prompt.len() + opts.max_new_tokens;
+    let chunk = prompt.len().max(1 + speculative_tokens);
+    // The pool holds this sequence and its state before a verification; nothing more.
+    let bytes = model.pool_config(1, max_context, chunk).bytes + model.pool_config(1, 0, chunk).bytes;
+    let config = EngineConfig {
+        max_seqs: 1,
+        max_batch_tokens: chunk,
+        max_queue: 0,
+        memory_budget: Some(bytes),
+        max_context,
+        prefix_cache: false,
+        speculative_tokens,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(model, config)?;
+    let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let sink = events.clone();
+    let req = Request {
+        prompt: prompt.to_vec(),
+        max_tokens: opts.max_new_tokens,
+        sampling: opts.sampling.clone(),
+        stop_token_ids: opts.stop_token_ids.clone(),
+        ..Default::default()
+    };
+    let cancel = engine
+        .add(req, Box::new(move |e| sink.lock().map(|mut v| v.push(e)).is_ok()))
+        .map_err(|e| Error::input(e.to_string()))?;
+    let started = Instant::now();
+    let (mut out, mut prefill_time) = (Vec::new(), None);
+    while engine.has_work() {
+        engine.step();
+        let drained: Vec<Event> = events.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
+        for e in drained {
+            match e {
+                Event::Token(id) => {
+                    prefill_time.get_or_insert_with(|| started.elapsed());
+                    out.push(id);
+                    if on_token(id).is_break() {
+                        cancel.cancel();
+                    }
+                }
+                Event::Failed(msg) => return Err(Error::input(msg)),
+                Event::Logprobs(_) | Event::Done(_) => {}
+            }
+        }
+    }
+    let prefill_time = prefill_time.unwrap_or_else(|| started.elapsed());
     Ok(Generation { token_ids: out, prefill_time, decode_time: started.elapsed() - prefill_time })
 }

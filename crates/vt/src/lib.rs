@@ -20,13 +20,15 @@ mod prefix_cache;
 pub mod prefix_index;
 pub mod reasoning;
 pub mod sampling;
+pub mod speculative;
 pub mod text;
 pub mod tool_parser;
 
 pub use chat::ChatInput;
 pub use engine::{CancelToken, Engine, EngineConfig, EngineHandle, Event, Finish, Request, Sink, SubmitError};
-pub use generate::{generate, generate_with, GenerateOptions, Generation};
-pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
+pub use generate::{generate, generate_speculative, generate_with, GenerateOptions, Generation};
+pub use sampling::{Sampler, SamplingParams, TokenLogprobs, Verdict};
+pub use speculative::{Draft, Drafter, NgramDrafter, Observation, Proposal, SeqId};
 pub use text::{ChatMessage, ChatPrompt, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
 pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};

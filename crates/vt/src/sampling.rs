@@ -127,6 +127,10 @@ impl Sampler {
         self.accept(id)
     }
 
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     /// Whether `sample` is the plain argmax of the logits (greedy, no penalty): then the token can
     /// be picked where the logits are (`Backend::argmax_rows`) and given to `accept`.
     pub fn is_greedy(&self) -> bool {
@@ -168,11 +172,53 @@ impl Sampler {
         }
     }
 
+    /// Speculative decoding's acceptance rule at one position. `draft` was proposed from `q`, the
+    /// drafter's distribution over the vocabulary (`None`: picked deterministically, a point
+    /// mass). With `p` the distribution `sample` draws from for `logits` (every parameter
+    /// applied, penalties as of the tokens generated so far), `draft` is accepted with
+    /// probability min(1, p(draft) / q(draft)); otherwise the token is drawn from
+    /// norm(max(0, p - q)). Either way the token is distributed exactly as `sample`'s would be
+    /// (greedy: the argmax, accepted when it is the draft), and is recorded as generated.
+    pub fn verify(&mut self, logits: &[f32], draft: u32, q: Option<&[f32]>) -> Verdict {
+        let mut logits = logits.to_vec();
+        self.penalize(&mut logits);
+        let cands = self.candidates(&logits);
+        if self.params.temperature == 0.0 {
+            let id = cands[0].0;
+            return Verdict { token: self.accept(id), accepted: id == draft };
+        }
+        let total: f64 = cands.iter().map(|c| c.1).sum();
+        let q_of = |id: u32| match q {
+            Some(q) => q.get(id as usize).map_or(0.0, |&v| v as f64),
+            None => f64::from(u8::from(id == draft)),
+        };
+        let p_draft = cands.iter().find(|c| c.0 == draft).map_or(0.0, |c| c.1 / total);
+        let q_draft = q_of(draft);
+        if p_draft > 0.0 && (p_draft >= q_draft || self.rng.next_f64() * q_draft < p_draft) {
+            return Verdict { token: self.accept(draft), accepted: true };
+        }
+        // Outside the candidates p is 0, so the residual lives on them.
+        let residual: Vec<(u32, f64)> =
+            cands.iter().map(|&(id, w)| (id, (w / total - q_of(id)).max(0.0))).filter(|c| c.1 > 0.0).collect();
+        let id = self.draw(if residual.is_empty() { &cands } else { &residual });
+        Verdict { token: self.accept(id), accepted: false }
+    }
+
     fn pick(&mut self, logits: &[f32]) -> u32 {
+        let cands = self.candidates(logits);
+        match self.params.temperature == 0.0 {
+            true => cands[0].0,
+            false => self.draw(&cands),
+        }
+    }
+
+    /// The tokens `pick` draws from and their weights (unnormalised), most likely first where a
+    /// filter sorted them: the argmax alone when greedy. Never empty.
+    fn candidates(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
         let argmax = vt_core::argmax(logits);
         if p.temperature == 0.0 {
-            return argmax as u32;
+            return vec![(argmax as u32, 1.0)];
         }
         let max = logits[argmax];
         let mut cands: Vec<(u32, f64)> =
@@ -200,15 +246,31 @@ impl Sampler {
             // The weights are relative to the most likely token, whose weight is 1.
             cands.retain(|c| c.1 >= p.min_p as f64);
         }
+        if cands.is_empty() {
+            cands.push((argmax as u32, 1.0));
+        }
+        cands
+    }
+
+    /// A token drawn from `cands` in proportion to their weights.
+    fn draw(&mut self, cands: &[(u32, f64)]) -> u32 {
         let mut r = self.rng.next_f64() * cands.iter().map(|c| c.1).sum::<f64>();
-        for &(id, w) in &cands {
+        for &(id, w) in cands {
             r -= w;
             if r <= 0.0 {
                 return id;
             }
         }
-        cands.first().map_or(argmax as u32, |c| c.0)
+        cands[0].0
     }
+}
+
+/// What `Sampler::verify` decided at one position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The token emitted there: the draft, or the replacement drawn instead.
+    pub token: u32,
+    pub accepted: bool,
 }
 
 /// A small seeded generator: sampling must be reproducible from `seed` alone.

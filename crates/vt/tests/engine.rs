@@ -1,25 +1,12 @@
 //! The engine against single-sequence generation, and its limits, on the committed fixtures.
 
-use std::sync::{Arc, Mutex};
+mod support;
 
+use support::{collect, Log};
 use vt::{
     CpuBackend, Engine, EngineConfig, Event, Finish, GenerateOptions, Model, Request, SamplingParams, SubmitError,
 };
 use vt_test_support::{all_fixtures, fixture};
-
-type Log = Arc<Mutex<Vec<Event>>>;
-
-fn collect() -> (Log, vt::Sink) {
-    let log: Log = Arc::default();
-    let l = log.clone();
-    (
-        log,
-        Box::new(move |e| {
-            l.lock().unwrap().push(e);
-            true
-        }),
-    )
-}
 
 fn tokens(log: &Log) -> Vec<u32> {
     log.lock().unwrap().iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect()

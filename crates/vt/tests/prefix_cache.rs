@@ -6,26 +6,13 @@
 //! The logits of a run are observed through the engine's own outputs: every token's log-softmax
 //! over the whole vocabulary (`logprobs: Some(vocab)`), compared by their bits.
 
-use std::sync::{Arc, Mutex};
+mod support;
 
+use support::{collect, Log};
 use vt::{CpuBackend, Engine, EngineConfig, Event, Model, Request, SamplingParams};
 use vt_core::backend::prelude::*;
 use vt_test_support::all_fixtures;
 use vt_test_support::lifetime::moe_pairs;
-
-type Log = Arc<Mutex<Vec<Event>>>;
-
-fn collect() -> (Log, vt::Sink) {
-    let log: Log = Arc::default();
-    let l = log.clone();
-    (
-        log,
-        Box::new(move |e| {
-            l.lock().unwrap().push(e);
-            true
-        }),
-    )
-}
 
 /// Every event of a run as bits: tokens, and each logprob and alternative.
 fn bits(log: &Log) -> Vec<(u32, u32)> {

@@ -1,0 +1,192 @@
+//! The engine's side of speculative decoding: drafts for its decoding sequences, their
+//! acceptance after the verification, settling each sequence's state to what it kept, and what
+//! the drafter is told (`crate::speculative`).
+
+use std::ops::Range;
+
+use vt_core::backend::non_finite_row;
+use vt_core::{Backend, Tensor};
+
+use super::{finite_row, token_logprobs, Engine, Event, Picks, Running};
+use crate::speculative::{Draft, Observation, Proposal};
+
+impl<B: Backend> Running<B> {
+    /// Drafts this sequence may verify in a step beside its pending token: none unless it is
+    /// decoding (its one pending token generated; no grammar, whose masks would have to follow
+    /// each draft); at most `k`, and what its generation leaves (its last token is never run);
+    /// and with a prefix cache (`block`), what keeps it within its block: the cache snapshots a
+    /// decoding sequence at each block boundary it reaches, which a step must not jump over.
+    pub(super) fn draft_room(&self, k: usize, block: Option<usize>) -> usize {
+        let decoding = self.generated > 0 && self.pending().len() == 1 && self.grammar.is_none();
+        if !decoding {
+            return 0;
+        }
+        let pos = self.state.len();
+        let to_boundary = block.map_or(usize::MAX, |b| (pos / b + 1) * b - pos - 1);
+        k.min(self.max_gen - self.generated - 1).min(to_boundary)
+    }
+
+    /// Takes this verifying sequence's tokens from its `rows` of `picks` (the pending token's
+    /// row, then each draft's), accepting drafts while the target agrees (`Sampler::verify`),
+    /// and sends them; returns how many of the verified positions it keeps, and the event that
+    /// ends it, if it ends.
+    fn pick_verified(
+        &mut self,
+        picks: &Picks,
+        rows: Range<usize>,
+        draft: &Draft,
+        vocab: usize,
+    ) -> (usize, Option<Event>) {
+        for (j, row) in rows.clone().enumerate() {
+            let proposed = draft.tokens.get(j).copied();
+            let (id, accepted, logprobs) = match picks {
+                Picks::Ids(picks, lps) => {
+                    let pick = picks[row];
+                    if !pick.finite {
+                        return (j + 1, Some(Event::Failed(non_finite_row().to_string())));
+                    }
+                    (self.sampler.accept(pick.id), proposed == Some(pick.id), self.row_logprobs(lps, row))
+                }
+                Picks::Logits(logits) => {
+                    let raw = match finite_row(logits, row, vocab) {
+                        Ok(raw) => raw,
+                        Err(e) => return (j + 1, Some(e)),
+                    };
+                    let (id, accepted) = match proposed {
+                        Some(d) => {
+                            let q = draft.probs.as_ref().and_then(|p| p.get(j)).map(Vec::as_slice);
+                            let v = self.sampler.verify(raw, d, q);
+                            (v.token, v.accepted)
+                        }
+                        None => (self.sampler.sample(raw), false),
+                    };
+                    (id, accepted, self.logprobs.map(|k| token_logprobs(raw, id, k)))
+                }
+            };
+            if let Some(ev) = self.emit(id, logprobs) {
+                return (j + 1, Some(ev));
+            }
+            if !accepted {
+                return (j + 1, None);
+            }
+        }
+        (rows.len(), None)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Asks the drafter for tokens for each sequence the schedule gave more than its one pending
+    /// token (`take`, which becomes one plus the drafts it got); `None` where a sequence verifies none.
+    /// A drafter's error fails the sequences it was asked for (they do not run: the events).
+    pub(super) fn draft(&mut self, take: &mut [usize]) -> (Vec<Option<Draft>>, Vec<Option<Event>>) {
+        let (mut drafts, mut failed) = (vec![None; take.len()], vec![None; take.len()]);
+        let Some(drafter) = &mut self.drafter else { return (drafts, failed) };
+        // The schedule gave room beyond the pending token only to decoding sequences.
+        let asked: Vec<usize> = (0..take.len()).filter(|&i| take[i] > self.running[i].pending().len()).collect();
+        if asked.is_empty() {
+            return (drafts, failed);
+        }
+        let proposals: Vec<Proposal<'_>> = (asked.iter())
+            .map(|&i| {
+                let s = &self.running[i];
+                Proposal { seq: s.id, tokens: &s.tokens, k: take[i] - 1, sampling: s.sampler.params() }
+            })
+            .collect();
+        match drafter.propose(&proposals) {
+            Ok(got) => {
+                for (&i, mut d) in asked.iter().zip(got) {
+                    d.tokens.truncate(take[i] - 1);
+                    take[i] = 1 + d.tokens.len();
+                    drafts[i] = (!d.tokens.is_empty()).then_some(d);
+                }
+                // A drafter that answered fewer proposals than asked drafted nothing for the rest.
+                asked.iter().filter(|&&i| drafts[i].is_none()).for_each(|&i| take[i] = 1);
+            }
+            Err(e) => {
+                for &i in &asked {
+                    take[i] = 0;
+                    failed[i] = Some(Event::Failed(format!("the drafter failed: {e}")));
+                }
+            }
+        }
+        (drafts, failed)
+    }
+
+    /// Picks the tokens of every verifying sequence (`drafts`), then settles their states to
+    /// the positions each keeps; returns, for every running sequence, the positions the step
+    /// kept of it where it verified (`None` elsewhere). Events that end a sequence go to
+    /// `events`.
+    pub(super) fn accept_drafts(
+        &mut self,
+        picks: &Picks,
+        rows: &[Range<usize>],
+        drafts: &[Option<Draft>],
+        events: &mut [Option<Event>],
+    ) -> Vec<Option<usize>> {
+        let vocab = self.limits.spec.vocab;
+        let mut kept = vec![None; self.running.len()];
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if let Some(d) = &drafts[i] {
+                let (keep, ev) = s.pick_verified(picks, rows[i].clone(), d, vocab);
+                self.drafted += d.tokens.len() as u64;
+                self.accepted += keep as u64 - 1;
+                kept[i] = Some(keep);
+                events[i] = ev;
+            }
+        }
+        let mut settle: Vec<(&mut vt_models::SeqState<B>, usize)> =
+            (self.running.iter_mut().zip(&kept)).filter_map(|(s, k)| k.map(|k| (&mut s.state, k))).collect();
+        if let Err(e) = self.model.settle(&mut settle) {
+            for (ev, k) in events.iter_mut().zip(&kept) {
+                if k.is_some() {
+                    *ev = Some(Event::Failed(e.to_string()));
+                }
+            }
+        }
+        kept
+    }
+
+    /// Tells the drafter what the target kept of each sequence the step ran and that goes on:
+    /// `take` tokens, or `kept` of a verification, with their hidden states where it reads them.
+    /// A drafter's error fails the sequences it was told about.
+    pub(super) fn observe(
+        &mut self,
+        take: &[usize],
+        kept: &[Option<usize>],
+        hidden: Option<Tensor<B>>,
+        events: &mut [Option<Event>],
+    ) {
+        let Some(drafter) = &mut self.drafter else { return };
+        let b = self.model.backend();
+        // The hidden rows: each sequence that ran, all the tokens it ran, in order.
+        let mut row = 0;
+        let mut seen = Vec::new();
+        let mut told = Vec::new();
+        for (i, s) in self.running.iter().enumerate() {
+            if take[i] == 0 {
+                continue;
+            }
+            let len = kept[i].unwrap_or(take[i]);
+            let from = row;
+            row += take[i];
+            if events[i].is_some() {
+                continue;
+            }
+            let rows = match &hidden {
+                Some(h) => match b.slice_rows(h, from, len) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        events[i] = Some(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            seen.push(Observation { seq: s.id, tokens: &s.tokens, start: s.state.len() - len, len, hidden: rows });
+            told.push(i);
+        }
+        if let Err(e) = drafter.observe(&seen) {
+            told.iter().for_each(|&i| events[i] = Some(Event::Failed(format!("the drafter failed: {e}"))));
+        }
+    }
+}

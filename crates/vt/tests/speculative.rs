@@ -1,0 +1,264 @@
+//! Speculative decoding in the engine on the committed fixtures: whatever the drafter proposes
+//! (a second copy of the model: nearly always right; random tokens: nearly always wrong; a mix),
+//! greedy requests get exactly the tokens and logprobs they get without speculation, with
+//! continuous batching, chunked prefill and the prefix cache on or off.
+
+mod support;
+
+use vt_core::backend::prelude::*;
+
+use support::collect;
+use vt::{
+    CpuBackend, Draft, Drafter, Engine, EngineConfig, Event, Model, Observation, Proposal, Request, SamplingParams,
+    SeqId,
+};
+use vt_test_support::all_fixtures;
+
+/// Deterministic prompts of different lengths within the vocabulary, some repeating themselves.
+fn prompts(vocab: usize, n: usize) -> Vec<Vec<u32>> {
+    (0..n).map(|i| (0..3 + 5 * i).map(|j| ((i * 131 + (j % (4 + i)) * 17 + 1) % vocab) as u32).collect()).collect()
+}
+
+/// How the stand-in drafter proposes.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// The model's own greedy continuation (a second copy of the target).
+    Model,
+    /// Uniformly random tokens.
+    Random,
+    /// The model's continuation with every third draft replaced by a wrong token.
+    Mixed,
+}
+
+struct StandIn {
+    kind: Kind,
+    model: Model<CpuBackend>,
+    rng: u64,
+    /// Sequences the engine has told it about and not released (each must be observed in
+    /// order: what it kept always starts where the last observation ended).
+    seen: std::collections::HashMap<SeqId, usize>,
+}
+
+impl StandIn {
+    fn next(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.rng >> 33
+    }
+
+    /// The model's greedy continuation of `tokens` by `k` tokens, computed from scratch.
+    fn continuation(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+        let b = self.model.backend();
+        let mut st = self.model.new_state(tokens.len() + k).unwrap();
+        let mut logits = b.to_f32(&self.model.forward(tokens, &mut st, vt::Logits::Last).unwrap()).unwrap();
+        let mut out = Vec::new();
+        while out.len() < k {
+            let id = vt_test_support::argmax(&logits);
+            out.push(id);
+            if out.len() < k {
+                logits = b.to_f32(&self.model.forward(&[id], &mut st, vt::Logits::Last).unwrap()).unwrap();
+            }
+        }
+        out
+    }
+}
+
+impl Drafter<CpuBackend> for StandIn {
+    fn propose(&mut self, seqs: &[Proposal<'_>]) -> vt::Result<Vec<Draft>> {
+        let vocab = self.model.spec().vocab as u64;
+        let mut out = Vec::new();
+        for p in seqs {
+            assert!(p.k >= 1, "asked for no drafts");
+            assert_eq!(self.seen.get(&p.seq), Some(&(p.tokens.len() - 1)), "observed up to the pending token");
+            let tokens = match self.kind {
+                Kind::Random => (0..p.k).map(|_| (self.next() % vocab) as u32).collect(),
+                Kind::Model => self.continuation(p.tokens, p.k),
+                Kind::Mixed => {
+                    let mut t = self.continuation(p.tokens, p.k);
+                    for x in t.iter_mut() {
+                        if self.next().is_multiple_of(3) {
+                            *x = (*x + 1) % vocab as u32;
+                        }
+                    }
+                    t
+                }
+            };
+            out.push(Draft { tokens, probs: None });
+        }
+        Ok(out)
+    }
+
+    fn observe(&mut self, seqs: &[Observation<'_, CpuBackend>]) -> vt::Result<()> {
+        for o in seqs {
+            // A sequence's first observation starts where the prefix cache left it.
+            let at = self.seen.entry(o.seq).or_insert(o.start);
+            assert_eq!(*at, o.start, "sequence {} observed from {} after {}", o.seq, o.start, *at);
+            assert!(o.len >= 1 && o.start + o.len < o.tokens.len());
+            *at += o.len;
+        }
+        Ok(())
+    }
+
+    fn fork(&mut self, parent: SeqId, child: SeqId) {
+        let at = self.seen[&parent];
+        self.seen.insert(child, at);
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.seen.remove(&seq);
+    }
+}
+
+/// The tokens of each request's events.
+fn tokens(logs: &[Vec<Event>]) -> Vec<Vec<u32>> {
+    logs.iter()
+        .map(|l| l.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect())
+        .collect()
+}
+
+/// Every event of every request (tokens, logprobs, the finish), and the engine's step count,
+/// drafts verified and accepted, and prefix-cache hits.
+fn run(
+    dir: &std::path::Path,
+    config: EngineConfig,
+    drafter: Option<Kind>,
+) -> (Vec<Vec<Event>>, usize, (u64, u64), u64) {
+    let b = CpuBackend::new();
+    let model = Model::load(&b, dir).unwrap();
+    let vocab = model.spec().vocab;
+    let mut engine = Engine::new(model, config).unwrap();
+    if let Some(kind) = drafter {
+        let model = Model::load(&b, dir).unwrap();
+        engine.set_drafter(Box::new(StandIn { kind, model, rng: 7, seen: Default::default() }));
+    }
+    let (mut logs, mut from) = (Vec::new(), Vec::new());
+    let mut steps = 0;
+    let ps = prompts(vocab, 6);
+    for (i, p) in ps.iter().cloned().enumerate() {
+        let (log, sink) = collect();
+        // Two choices of one request share its prefill and fork; some ask for logprobs.
+        let req = Request {
+            prompt: p,
+            max_tokens: 9 + 3 * i,
+            sampling: SamplingParams::greedy(),
+            logprobs: (i % 2 == 0).then_some(3),
+            ..Default::default()
+        };
+        if i == 3 {
+            let (log2, sink2) = collect();
+            engine.add_choices(req, vec![sink, sink2]).unwrap();
+            logs.push(log2);
+            from.push(i);
+        } else {
+            engine.add(req, sink).unwrap();
+        }
+        logs.push(log);
+        from.push(i);
+        // Later requests join a batch that is already decoding.
+        if i % 2 == 1 {
+            engine.step();
+            engine.step();
+            steps += 2;
+        }
+    }
+    while engine.has_work() {
+        engine.step();
+        steps += 1;
+    }
+    // A second turn of each conversation: its prompt, reply and a new message (prefix-cache
+    // hits where the cache is on).
+    let firsts: Vec<Vec<u32>> = tokens(&logs.iter().map(|l| l.lock().unwrap().clone()).collect::<Vec<_>>());
+    for (&i, reply) in from.iter().zip(&firsts) {
+        let (log, sink) = collect();
+        let prompt = [ps[i].as_slice(), reply, &[1, 2, 3]].concat();
+        engine.add(Request { prompt, max_tokens: 12, logprobs: Some(2), ..Default::default() }, sink).unwrap();
+        logs.push(log);
+    }
+    while engine.has_work() {
+        engine.step();
+        steps += 1;
+    }
+    let stats = engine.speculation_stats();
+    (logs.iter().map(|l| l.lock().unwrap().clone()).collect(), steps, stats, engine.prefix_stats().hits)
+}
+
+#[test]
+fn greedy_output_with_speculation_equals_without_on_every_fixture() {
+    for dir in all_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        for (prefix_cache, max_batch_tokens) in [(true, 512), (false, 512), (true, 7)] {
+            let plain = EngineConfig { prefix_cache, max_batch_tokens, ..Default::default() };
+            let (want, plain_steps, _, _) = run(&dir, plain.clone(), None);
+            for (kind, k) in [(Kind::Model, 3), (Kind::Random, 3), (Kind::Mixed, 1), (Kind::Mixed, 3)] {
+                let config = EngineConfig { speculative_tokens: k, ..plain.clone() };
+                let (got, steps, (drafted, accepted), hits) = run(&dir, config, Some(kind));
+                let at =
+                    format!("{name}: {kind:?} drafter, k {k}, prefix cache {prefix_cache}, chunk {max_batch_tokens}");
+                if max_batch_tokens >= 512 {
+                    assert!(got == want, "{at}: the events differ from decoding without speculation");
+                } else {
+                    // Prompt chunks then depend on what the decodes and drafts left of each
+                    // step's budget, and a different chunking rounds differently (as it does
+                    // without speculation, for requests that arrive at other times): the
+                    // tokens must still agree.
+                    assert_eq!(tokens(&got), tokens(&want), "{at}: the tokens differ");
+                }
+                assert!(drafted > 0, "{at}: nothing was drafted");
+                let caches = prefix_cache && !name.starts_with("laguna"); // sliding windows: no cache
+                assert_eq!(hits > 0, caches, "{at}: {hits} prefix-cache hits");
+                match kind {
+                    // Nearly every draft is the target's own token: far fewer steps.
+                    Kind::Model => assert!(
+                        accepted * 10 >= drafted * 8 && steps < plain_steps,
+                        "{at}: accepted {accepted} of {drafted} in {steps} steps (plain {plain_steps})"
+                    ),
+                    Kind::Random => assert!(accepted * 4 < drafted, "{at}: accepted {accepted} of {drafted}"),
+                    Kind::Mixed => {}
+                }
+            }
+        }
+    }
+}
+
+/// Sampled requests run through the rejection rule (its distribution is tested in
+/// `acceptance.rs`): with a drafter that is always right and one that never is, every request
+/// gets its tokens and finishes.
+#[test]
+fn sampled_requests_speculate() {
+    let dir = vt_test_support::fixture("qwen35moe_text");
+    let b = CpuBackend::new();
+    for kind in [Kind::Model, Kind::Random] {
+        let config = EngineConfig { speculative_tokens: 3, prefix_cache: false, ..Default::default() };
+        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), config).unwrap();
+        let model = Model::load(&b, &dir).unwrap();
+        let vocab = model.spec().vocab;
+        engine.set_drafter(Box::new(StandIn { kind, model, rng: 3, seen: Default::default() }));
+        let mut logs = Vec::new();
+        for (i, p) in prompts(vocab, 4).into_iter().enumerate() {
+            let (log, sink) = collect();
+            let sampling = SamplingParams {
+                temperature: 0.8,
+                top_k: 20,
+                presence_penalty: 0.3,
+                seed: i as u64,
+                ..Default::default()
+            };
+            engine
+                .add(Request { prompt: p, max_tokens: 20, sampling, logprobs: Some(1), ..Default::default() }, sink)
+                .unwrap();
+            logs.push(log);
+        }
+        while engine.has_work() {
+            engine.step();
+        }
+        for log in logs {
+            let log = log.lock().unwrap();
+            let tokens = log.iter().filter(|e| matches!(e, Event::Token(_))).count();
+            let logprobs = log.iter().filter(|e| matches!(e, Event::Logprobs(_))).count();
+            assert_eq!((tokens, logprobs), (20, 20), "{kind:?}: {log:?}");
+            assert_eq!(log.last(), Some(&Event::Done(vt::Finish::Length)));
+        }
+        assert!(engine.speculation_stats().0 > 0);
+        // No verification's snapshot slot is left taken.
+        assert_eq!(engine.pool_stats().slots_used, engine.kept_states());
+    }
+}
