@@ -32,6 +32,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import transformers  # noqa: E402
+import mtp as mtp_oracle  # noqa: E402  (tools/oracle/mtp.py)
 import nvfp4  # noqa: E402  (tools/oracle/nvfp4.py)
 import fp8  # noqa: E402  (tools/oracle/fp8.py)
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -118,7 +119,8 @@ def randomize(model, seed, *, lm_std=None, emb_std=0.5, router_gain=2.0, extra=N
 # --------------------------------------------------------------------------------------------
 
 def st_files(d):
-    return sorted(f for f in os.listdir(d) if f.endswith(".safetensors") and f != "reference.safetensors")
+    refs = ("reference.safetensors", MTP_REFERENCE)
+    return sorted(f for f in os.listdir(d) if f.endswith(".safetensors") and f not in refs)
 
 
 def read_all(d):
@@ -278,6 +280,33 @@ def layer_list(types):
 # Qwen3.5-MoE
 # --------------------------------------------------------------------------------------------
 
+MTP_REFERENCE = "mtp_reference.safetensors"
+MTP_DRAFTS = 4
+
+
+def mtp_layer(text_config, seed):
+    """A random MTP layer (tools/oracle/mtp.py) for a Qwen3.5-MoE fixture; its own seed, so the target's weights
+    and reference do not depend on it."""
+    return mtp_oracle.make(text_config, seed, randomize)
+
+
+def finish_mtp(d, mtp, model, text_model, info):
+    """Writes the MTP reference next to the fixture's: the target's hidden states over the fixture's
+    prompt ++ greedy[:-1], the MTP's logits on every row, and a greedy chain of MTP_DRAFTS drafts that starts at
+    the prompt's last row. `mtp` is rebuilt on the loaded (eager) config."""
+    ref = mtp_oracle.Mtp(text_model.config).eval()
+    ref.load_state_dict(mtp.state_dict())
+    with safe_open(os.path.join(d, "reference.safetensors"), "pt") as fh:
+        ids = fh.get_tensor("prompt_ids").tolist() + fh.get_tensor("greedy_ids").tolist()
+    out, gap = mtp_oracle.reference(ref, text_model, model.lm_head, ids, info["T"] - 1, MTP_DRAFTS)
+    save_file(out, os.path.join(d, MTP_REFERENCE), metadata={"format": "pt"})
+    info["mtp"] = {"rows": len(ids) - 1, "draft_start": info["T"] - 1, "draft_ids": out["draft_ids"].tolist(),
+                   "min_draft_top2_gap": round(gap, 5),
+                   "reference": "tools/oracle/mtp.py (transformers has no MTP module for qwen3_5_moe)"}
+    write_json(os.path.join(d, "info.json"), info)
+    print(f"[{os.path.basename(d)}] MTP drafts {info['mtp']['draft_ids']} min_gap={info['mtp']['min_draft_top2_gap']}")
+    return info
+
 def qwen35moe_nested(d, seed=11):
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
@@ -310,15 +339,11 @@ def qwen35moe_nested(d, seed=11):
     model.save_pretrained(d, save_original_format=False)
     tensors = {k: v for k, (v, _) in read_all(d).items()}
     assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in tensors, sorted(tensors)[:20]
-    # A few multi-token-prediction tensors as real checkpoints carry them (a loader must skip mtp.*).
-    g = torch.Generator().manual_seed(seed + 1)
-    H = 72
-    tensors["mtp.fc.weight"] = (torch.randn(H, 2 * H, generator=g) * 0.1).to(torch.bfloat16)
-    tensors["mtp.norm.weight"] = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
-    tensors["mtp.pre_fc_norm_embedding.weight"] = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
-    tensors["mtp.pre_fc_norm_hidden.weight"] = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
-    tensors["mtp.layers.0.input_layernorm.weight"] = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
+    # The multi-token-prediction layer as real checkpoints carry it (stacked experts, like the target's).
+    mtp = mtp_layer(cfg.text_config, seed + 1)
+    tensors.update(mtp_oracle.checkpoint_tensors(mtp, stacked=True))
     write_single(d, tensors)
+    edit_config(d, lambda c: c["text_config"].__setitem__("mtp_num_hidden_layers", 1))
     del model
 
     model = check_loaded(Qwen3_5MoeForConditionalGeneration, d, orig_sd)
@@ -329,7 +354,8 @@ def qwen35moe_nested(d, seed=11):
         h = model.model.language_model(input_ids=ids, use_cache=False).last_hidden_state
         b = model.lm_head(h)
     assert torch.allclose(a, b, atol=0, rtol=0), float((a - b).abs().max())
-    return finish(d, model, 384, T, N, seed, layer_list(layer_types), t0)
+    info = finish(d, model, 384, T, N, seed, layer_list(layer_types), t0)
+    return finish_mtp(d, mtp, model, model.model.language_model, info)
 
 
 def qwen35moe_text(d, seed=12):
@@ -369,11 +395,22 @@ def qwen35moe_text(d, seed=12):
         # real Qwen3-Next/3.5 style: the pattern instead of an explicit list
         del c["layer_types"]
         c["full_attention_interval"] = 2
+        c["mtp_num_hidden_layers"] = 1
     edit_config(d, use_interval)
+    # The MTP layer with per-expert names (as this checkpoint's experts), in a shard of its own.
+    mtp = mtp_layer(cfg, seed + 1)
+    mtp_tensors = mtp_oracle.checkpoint_tensors(mtp, stacked=False)
+    save_file(mtp_tensors, os.path.join(d, "model-mtp.safetensors"), metadata={"format": "pt"})
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    with open(index_path) as fh:
+        index = json.load(fh)
+    index["weight_map"].update({k: "model-mtp.safetensors" for k in mtp_tensors})
+    write_json(index_path, index)
     del model
     model = check_loaded(Qwen3_5MoeForCausalLM, d, orig_sd)
     assert list(model.config.layer_types) == layer_types
-    return finish(d, model, 307, T, N, seed, layer_list(layer_types), t0)
+    info = finish(d, model, 307, T, N, seed, layer_list(layer_types), t0)
+    return finish_mtp(d, mtp, model, model.model, info)
 
 
 # --------------------------------------------------------------------------------------------

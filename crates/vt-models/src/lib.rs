@@ -10,6 +10,7 @@ pub mod spec;
 /// Reading single weights of a checkpoint (tools and tests; `Model::load` reads them all).
 pub use loader::{DummyWeights, Loader};
 pub use model::{
-    decode_first, Logits, Model, PoolConfig, PoolShape, PoolStats, SeqState, StatePool, StepOutput, StepSeq, BATCH_ROWS,
+    decode_first, Draft, DraftInput, Logits, Model, PoolConfig, PoolShape, PoolStats, SeqState, StatePool, StepOutput,
+    StepSeq, BATCH_ROWS,
 };
 pub use spec::{Family, ModelSpec};

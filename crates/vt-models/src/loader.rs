@@ -45,10 +45,10 @@ pub struct Loader<'a, B: Backend> {
     dummy: Option<DummyWeights>,
 }
 
-/// Checkpoint tensors the text model reads: not multi-token prediction, the vision tower, or W4A4
-/// activation scales.
-fn is_read(name: &str) -> bool {
-    !(name.starts_with("mtp.") || name.starts_with("model.visual.") || is_activation_scale(name))
+/// Checkpoint tensors the text model reads: not the vision tower, W4A4 activation scales, or the
+/// multi-token-prediction layer unless config.json has one (`mtp`).
+fn is_read(name: &str, mtp: bool) -> bool {
+    !((name.starts_with("mtp.") && !mtp) || name.starts_with("model.visual.") || is_activation_scale(name))
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -60,10 +60,11 @@ impl<'a, B: Backend> Loader<'a, B> {
                 name: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(),
                 dir: ckpt.dir.clone(),
             })?;
+        let mtp = ckpt.config.opt_usize("mtp_num_hidden_layers")?.unwrap_or(0) > 0;
         let total = ckpt
             .tensors
             .names()
-            .filter(|n| is_read(n))
+            .filter(|n| is_read(n, mtp))
             .map(|n| ckpt.tensors.get(n).map_or(0, |t| t.bytes.len() as u64))
             .sum();
         Ok(Loader {

@@ -10,6 +10,7 @@ mod layer;
 mod layout;
 mod mlp;
 mod moe;
+mod mtp;
 mod pool;
 mod share;
 mod state;
@@ -26,6 +27,7 @@ use crate::spec::ModelSpec;
 pub use batch::{decode_first, Logits, StepOutput, StepSeq};
 pub use decode_graph::BATCH_ROWS;
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
+pub use mtp::{Draft, DraftInput};
 pub use pool::{PoolConfig, PoolShape, PoolStats, StatePool};
 pub use state::SeqState;
 
@@ -43,6 +45,8 @@ pub struct Model<B: Backend> {
     norm: Tensor<B>,
     /// `None` when tied to the embeddings.
     lm_head: Option<Linear<B>>,
+    /// The multi-token-prediction layer, the draft model of speculative decoding (`draft`).
+    mtp: Option<mtp::Mtp<B>>,
     /// Whether single-token steps of one sequence run as recorded steps where the backend records.
     record_decode: bool,
     /// Where each layer's sequence state lives in a pool.
@@ -87,8 +91,12 @@ impl<B: Backend> Model<B> {
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
+        let mtp = match &spec.mtp {
+            Some(ls) if ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h)?),
+            _ => None,
+        };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        let state_layout = pool::StateLayout::of(backend, &layers);
+        let state_layout = pool::StateLayout::of(backend, &layers, mtp.as_ref().map(|m| &m.layer));
         Ok(Model {
             id,
             backend: backend.clone(),
@@ -97,6 +105,7 @@ impl<B: Backend> Model<B> {
             layers,
             norm,
             lm_head,
+            mtp,
             // Off until CUDA replays over the block pool are fixed (docs/performance.md).
             record_decode: true,
             state_layout,
@@ -134,7 +143,9 @@ impl<B: Backend> Model<B> {
     /// recorder cannot build it); a server may call it after loading so that its first request
     /// does not wait for it. Built state is kept: later calls cost a check per MoE layer.
     pub fn prepare(&self) -> Result<()> {
-        self.moe_experts().try_for_each(|e| self.backend.prepare_experts(e))
+        self.moe_experts()
+            .chain(self.mtp.as_ref().and_then(|m| m.experts()))
+            .try_for_each(|e| self.backend.prepare_experts(e))
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or

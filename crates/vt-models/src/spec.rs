@@ -25,6 +25,10 @@ pub struct ModelSpec {
     pub norm: NormKind,
     pub tie_embeddings: bool,
     pub layers: Vec<LayerSpec>,
+    /// The multi-token-prediction layer config.json describes (`mtp_num_hidden_layers`), run as a
+    /// draft model: a full-attention layer with the model's FFN. Qwen3.5-MoE only; the weights
+    /// may still be absent from the checkpoint (`Model::has_mtp`).
+    pub mtp: Option<LayerSpec>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -186,6 +190,7 @@ fn base(cfg: &Config, family: Family, norm: NormKind) -> Result<ModelSpec> {
         norm,
         tie_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         layers: Vec::new(),
+        mtp: None,
         eos_token_ids: eos_ids(cfg)?,
     })
 }
@@ -265,6 +270,14 @@ fn qwen35(cfg: &Config) -> Result<ModelSpec> {
         shared: SharedExpert::SigmoidGated { intermediate: positive(cfg, "shared_expert_intermediate_size")? },
     };
     check_top_k(cfg, &moe)?;
+    spec.mtp = match cfg.opt_usize("mtp_num_hidden_layers")?.unwrap_or(0) {
+        0 => None,
+        1 if cfg.bool_or("mtp_use_dedicated_embeddings", false)? => {
+            return Err(cfg.error("mtp_use_dedicated_embeddings", "vt runs the MTP layer on the model's embeddings"))
+        }
+        1 => Some(LayerSpec { mixer: MixerSpec::Attention(attn.clone()), ffn: FfnSpec::Moe(moe.clone()) }),
+        n => return Err(cfg.error("mtp_num_hidden_layers", format!("{n}: vt runs one MTP layer"))),
+    };
     for t in &types {
         let mixer = match t.as_str() {
             "linear_attention" => MixerSpec::DeltaNet(gdn.clone()),

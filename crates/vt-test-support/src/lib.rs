@@ -3,6 +3,7 @@
 //! of the lifetime tests (`lifetime`, `variant`).
 
 pub mod lifetime;
+pub mod mtp;
 pub mod ops;
 pub mod parity;
 pub mod variant;

@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use tempfile::TempDir;
 
-/// A copy of the checkpoint in `src` (every file but `reference.safetensors`) with every weight
+/// A copy of the checkpoint in `src` (every file but the references) with every weight
 /// value perturbed by a function of `seed`, the tensor's name and the element's index. Floats are
 /// scaled by a factor in [0.75, 1.25]; `U8` tensors (packed NVFP4 e2m1 pairs, where every byte is
 /// valid) get a quarter of their bytes' low code bits flipped. fp8 scales and integers are kept:
@@ -20,7 +20,7 @@ pub fn perturbed(src: &Path, seed: u64) -> TempDir {
     for entry in std::fs::read_dir(src).expect("fixture dir") {
         let path = entry.expect("dir entry").path();
         let name = path.file_name().expect("file name");
-        if name == "reference.safetensors" {
+        if name == "reference.safetensors" || name == crate::mtp::FILE {
             continue;
         }
         if path.extension().is_some_and(|e| e == "safetensors") {

@@ -18,10 +18,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vt_core::blocks::BlockAllocator;
-use vt_core::{Backend, Error, KvLayout, Result, Tensor};
+use vt_core::{Backend, DType, Error, KvLayout, Result, Tensor};
 
 use super::decode_graph::BatchStep;
-use super::layer::Mixer;
+use super::layer::{Layer, Mixer};
 use super::Model;
 
 /// Where a model layer's state lives in a pool.
@@ -37,6 +37,8 @@ pub(super) enum LayerSlot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct StateLayout {
     pub(super) layers: Vec<LayerSlot>,
+    /// The MTP layer's, where the model runs one.
+    pub(super) mtp: Option<LayerSlot>,
     /// Each group's sliding window (`None`: full attention).
     pub(super) windows: Vec<Option<usize>>,
     /// Each pool layer's `(kv_heads, head_dim, group)`.
@@ -52,10 +54,13 @@ pub(super) struct StateLayout {
 }
 
 impl StateLayout {
-    pub(super) fn of<B: Backend>(b: &B, layers: &[super::layer::Layer<B>]) -> Self {
-        let act = b.activation_dtype();
+    /// The layout of `layers`, then of the MTP layer `mtp` where the model has one (its attention
+    /// is one more pool layer, in the group of its window: its KV covers the sequence's positions
+    /// as the model's own layers do).
+    pub(super) fn of<B: Backend>(b: &B, layers: &[Layer<B>], mtp: Option<&Layer<B>>) -> Self {
         let mut out = StateLayout {
             layers: Vec::new(),
+            mtp: None,
             windows: Vec::new(),
             kv: Vec::new(),
             gdn: Vec::new(),
@@ -63,35 +68,42 @@ impl StateLayout {
             block_bytes: Vec::new(),
             slot_bytes: 0,
         };
+        let act = b.activation_dtype();
         for layer in layers {
-            let slot = match &layer.mixer {
-                Mixer::Attention(a) => {
-                    let s = &a.spec;
-                    let group = match out.windows.iter().position(|&w| w == s.window) {
-                        Some(g) => g,
-                        None => {
-                            out.windows.push(s.window);
-                            out.block_bytes.push(0);
-                            out.windows.len() - 1
-                        }
-                    };
-                    let layout = KvLayout { kv_heads: s.kv_heads, head_dim: s.head_dim, blocks: 0 };
-                    out.block_bytes[group] += out.block * layout.bytes_per_position(act);
-                    out.kv.push((s.kv_heads, s.head_dim, group));
-                    LayerSlot::Kv { group, pool_layer: out.kv.len() - 1 }
-                }
-                Mixer::DeltaNet(d) => {
-                    let s = &d.spec;
-                    let conv = [s.conv_channels(), s.conv_kernel - 1];
-                    let rec = [s.value_heads, s.key_dim, s.value_dim];
-                    out.slot_bytes += act.bytes_for(conv[0] * conv[1]).unwrap_or(0) + 4 * rec.iter().product::<usize>();
-                    out.gdn.push((conv, rec));
-                    LayerSlot::Gdn(out.gdn.len() - 1)
-                }
-            };
+            let slot = out.add(layer, act);
             out.layers.push(slot);
         }
+        out.mtp = mtp.map(|l| out.add(l, act));
         out
+    }
+
+    /// Places `layer`'s state: a pool layer in its window's group, or a delta-net slot.
+    fn add<B: Backend>(&mut self, layer: &Layer<B>, act: DType) -> LayerSlot {
+        match &layer.mixer {
+            Mixer::Attention(a) => {
+                let s = &a.spec;
+                let group = match self.windows.iter().position(|&w| w == s.window) {
+                    Some(g) => g,
+                    None => {
+                        self.windows.push(s.window);
+                        self.block_bytes.push(0);
+                        self.windows.len() - 1
+                    }
+                };
+                let layout = KvLayout { kv_heads: s.kv_heads, head_dim: s.head_dim, blocks: 0 };
+                self.block_bytes[group] += self.block * layout.bytes_per_position(act);
+                self.kv.push((s.kv_heads, s.head_dim, group));
+                LayerSlot::Kv { group, pool_layer: self.kv.len() - 1 }
+            }
+            Mixer::DeltaNet(d) => {
+                let s = &d.spec;
+                let conv = [s.conv_channels(), s.conv_kernel - 1];
+                let rec = [s.value_heads, s.key_dim, s.value_dim];
+                self.slot_bytes += act.bytes_for(conv[0] * conv[1]).unwrap_or(0) + 4 * rec.iter().product::<usize>();
+                self.gdn.push((conv, rec));
+                LayerSlot::Gdn(self.gdn.len() - 1)
+            }
+        }
     }
 
     /// Blocks of a group a sequence holds at most while it runs to `tokens` positions in steps of

@@ -216,6 +216,8 @@ impl<B: Backend> StatePool<B> {
             }
         }
         child.pos = state.pos;
+        // The MTP layer's KV lives in the same blocks: the child has it as far as `state` has.
+        child.mtp_pos = state.mtp_len();
         Ok(())
     }
 }

@@ -12,6 +12,8 @@ use super::Model;
 /// One sequence's state.
 pub struct SeqState<B: Backend> {
     pub(super) pos: usize,
+    /// Positions the MTP layer's KV holds from the model's hidden states (mtp.rs); at most `pos`.
+    pub(super) mtp_pos: usize,
     pub(super) pool: Shared<B>,
     /// One block table per group of the pool (`RELEASED` where a sliding group gave a block back).
     pub(super) tables: Vec<Vec<u32>>,
@@ -57,6 +59,7 @@ impl<B: Backend> SeqState<B> {
         drop(p);
         Ok(SeqState {
             pos: 0,
+            mtp_pos: 0,
             pool: pool.clone(),
             tables,
             slot,
@@ -74,6 +77,12 @@ impl<B: Backend> SeqState<B> {
 
     pub fn is_empty(&self) -> bool {
         self.pos == 0
+    }
+
+    /// Positions the MTP layer has been fed (`Model::draft`), from 0: its KV holds them. Never more
+    /// than `len()`: a sequence cut back below it (a rejected draft) cuts this too.
+    pub fn mtp_len(&self) -> usize {
+        self.mtp_pos.min(self.pos)
     }
 
     /// Decode steps recorded for this sequence so far (each replayed until its tables change).
@@ -162,6 +171,7 @@ impl<B: Backend> SeqState<B> {
             }
         }
         self.pos = self.pos.min(positions);
+        self.mtp_pos = self.mtp_pos.min(positions);
         Ok(())
     }
 }
@@ -216,6 +226,7 @@ impl<B: Backend> Model<B> {
         }
         drop(p);
         state.pos = 0;
+        state.mtp_pos = 0;
         if matches!(state.recorded, Recorded::Failed(_)) {
             state.recorded = Recorded::None;
         }

@@ -1,0 +1,262 @@
+//! The multi-token-prediction (MTP) layer of Qwen3.5/3.6 as the draft model of speculative
+//! decoding. As vLLM and SGLang run it (qwen3_5_mtp), one row at position `i` reads the model's
+//! hidden state at `i` after the model's final norm (what its LM head reads; the caller hands the
+//! state before that norm, as a step leaves it, and `draft` applies it) and the token at `i + 1`:
+//!
+//! ```text
+//! x      = fc([pre_fc_norm_embedding(embed(token)) | pre_fc_norm_hidden(norm(hidden))])
+//! x      = one decoder layer (gated attention over its own KV in the pool, MoE)
+//! out    = norm(x)          -> logits = lm_head(out), the model's LM head
+//! ```
+//!
+//! Draft `j + 1` is a row at the next position that reads the MTP's own `out` and draft `j`.
+//! The MTP's KV must hold every position the sequence has: `Model::draft` first feeds the
+//! positions it has not seen (the model's hidden states of the tokens it accepted), then chains.
+
+use vt_core::backend::stack_rows;
+use vt_core::{Backend, Error, Linear, MoeExperts, Result, Tensor, Weight};
+
+use super::layer::{Ffn, Layer, Mixer};
+use super::layout::Layout;
+use super::pool::{lock, LayerSlot, PoolInner};
+use super::state::SeqState;
+use super::Model;
+use crate::loader::Loader;
+use crate::spec::LayerSpec;
+
+/// The tensor whose presence says a checkpoint carries the MTP layer.
+pub(super) const FC: &str = "mtp.fc.weight";
+
+pub(super) struct Mtp<B: Backend> {
+    pre_fc_norm_embedding: Tensor<B>,
+    pre_fc_norm_hidden: Tensor<B>,
+    /// `[hidden, 2 * hidden]`, over the normed embedding then the normed hidden state.
+    fc: Linear<B>,
+    pub(super) layer: Layer<B>,
+    norm: Tensor<B>,
+}
+
+impl<B: Backend> Mtp<B> {
+    /// The checkpoint's `mtp.*` module (layer 0) of a model of width `h`.
+    pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, h: usize) -> Result<Self> {
+        let layer = Layer::load(ld, ls, "mtp.layers.0", h)?;
+        if !matches!(layer.mixer, Mixer::Attention(_)) {
+            return Err(Error::tensor("mtp.layers.0", "the MTP layer must be an attention layer"));
+        }
+        Ok(Mtp {
+            pre_fc_norm_embedding: ld.float("mtp.pre_fc_norm_embedding.weight", &[h])?,
+            pre_fc_norm_hidden: ld.float("mtp.pre_fc_norm_hidden.weight", &[h])?,
+            fc: ld.linear("mtp.fc", h, 2 * h)?,
+            layer,
+            norm: ld.float("mtp.norm.weight", &[h])?,
+        })
+    }
+
+    pub(super) fn experts(&self) -> Option<&MoeExperts<B>> {
+        match &self.layer.ffn {
+            Ffn::Moe(m) => Some(&m.experts),
+            Ffn::Dense(_) => None,
+        }
+    }
+}
+
+/// One sequence's part of a `Model::draft` call.
+pub struct DraftInput<'a, B: Backend> {
+    pub state: &'a mut SeqState<B>,
+    /// The model's last hidden states *before* its final norm (the residual stream after the last
+    /// layer), at positions `state.mtp_len()..`: `[next.len(), hidden]`.
+    pub hidden: &'a Tensor<B>,
+    /// The token at the position after each of those rows: the sequence's next tokens, the last
+    /// one the token just sampled when the rows end at the sequence's end.
+    pub next: &'a [u32],
+}
+
+/// A sequence's drafts: greedy picks of the MTP's distributions.
+pub struct Draft<B: Backend> {
+    /// `k` tokens, in order.
+    pub tokens: Vec<u32>,
+    /// `[k, vocab]`: row `j` is the distribution (logits) `tokens[j]` is the argmax of.
+    pub logits: Tensor<B>,
+}
+
+/// The rows a step of the MTP runs, in batch order.
+struct Step<'t, B: Backend> {
+    tokens: Vec<u32>,
+    /// The model's hidden states after its final norm, or the MTP's own output (chained rows).
+    hidden: &'t Tensor<B>,
+    layout: Layout,
+}
+
+impl<B: Backend> Model<B> {
+    /// Whether the checkpoint carries a multi-token-prediction layer vt runs as a draft model.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Drops the MTP layer (its weights and its KV in pools made afterwards), for serving without
+    /// speculation. States of pools made before no longer fit the model.
+    pub fn drop_mtp(&mut self) {
+        self.mtp = None;
+        self.state_layout = super::pool::StateLayout::of(&self.backend, &self.layers, None);
+    }
+
+    /// Feeds the MTP layer each sequence's rows (`DraftInput`), then drafts `k` tokens per
+    /// sequence after its last fed row: the first from that row, each next one from a row at the
+    /// following position reading the MTP's own output and the previous draft. Returns the
+    /// drafts in the order of `seqs` (empty for `k = 0`: feeding only).
+    ///
+    /// Fed rows advance `mtp_len()` (they must lie within what the model has run: `mtp_len() +
+    /// rows <= len()`); the chain's rows are scratch, overwritten when later rows are fed, so a
+    /// sequence cut back to its accepted tokens needs nothing else. The chain writes KV up to
+    /// position `mtp_len() + k - 2`: blocks are taken for it (all or none).
+    pub fn draft(&self, seqs: &mut [DraftInput<'_, B>], k: usize) -> Result<Vec<Draft<B>>> {
+        let mtp = self.mtp.as_ref().ok_or_else(|| Error::input("draft: the model has no MTP layer"))?;
+        let (b, h) = (&self.backend, self.spec.hidden);
+        let Some(shared) = seqs.first().map(|s| s.state.pool.clone()) else {
+            return Err(Error::input("draft needs at least one sequence"));
+        };
+        let mut p = lock(&shared);
+        if p.layout != self.state_layout {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
+        let Some(LayerSlot::Kv { group, pool_layer }) = self.state_layout.mtp else {
+            return Err(Error::input("draft: the MTP layer has no KV in the pool"));
+        };
+        let mut need = vec![0; p.groups.len()];
+        for s in seqs.iter() {
+            let (start, rows) = (s.state.mtp_len(), s.next.len());
+            if !std::sync::Arc::ptr_eq(&s.state.pool, &shared) {
+                return Err(Error::input("the sequences of one draft must share a pool"));
+            }
+            if rows == 0 || s.hidden.shape() != [rows, h] {
+                return Err(Error::input(format!(
+                    "draft: {rows} next tokens need hidden states [{rows}, {h}] (at least one row), found {:?}",
+                    s.hidden.shape()
+                )));
+            }
+            if start + rows > s.state.pos {
+                return Err(Error::input(format!(
+                    "draft: the MTP has {start} of the sequence's {} positions; {rows} more rows go past them",
+                    s.state.pos
+                )));
+            }
+            if let Some(&bad) = s.next.iter().find(|&&id| id as usize >= self.spec.vocab) {
+                return Err(Error::input(format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    self.spec.vocab
+                )));
+            }
+            let end = (start + rows + k.saturating_sub(1)).div_ceil(p.layout.block);
+            for (n, t) in need.iter_mut().zip(&s.state.tables) {
+                *n += end.saturating_sub(t.len());
+            }
+        }
+        if let Some((g, n)) = need.iter().enumerate().find(|&(g, &n)| n > p.groups[g].free()) {
+            return Err(Error::input(format!(
+                "the KV pool is out of blocks: this draft needs {n} more of group {g}, {} are free",
+                p.groups[g].free()
+            )));
+        }
+        for s in seqs.iter_mut() {
+            let end = s.state.mtp_len() + s.next.len() + k.saturating_sub(1);
+            s.state.grow(&mut p, end)?;
+        }
+
+        // The feed: every sequence's rows, single rows first (the attention batches them).
+        let layout = Layout::new(&seqs.iter().map(|s| (s.next.len(), s.state.mtp_len(), false)).collect::<Vec<_>>());
+        let order = layout.order.clone();
+        // Each sequence's (first row, rows, first position), in `order`.
+        let parts: Vec<(usize, usize, usize)> = (0..order.len())
+            .map(|r| match r.checked_sub(layout.stepwise()) {
+                None => (r, 1, layout.starts[r]),
+                Some(c) => (layout.spans[c].row, layout.spans[c].len, layout.spans[c].start),
+            })
+            .collect();
+        let stacked;
+        let hidden = match order.as_slice() {
+            &[i] => seqs[i].hidden,
+            _ => {
+                stacked = b.concat_rows(&order.iter().map(|&i| seqs[i].hidden).collect::<Vec<_>>())?;
+                &stacked
+            }
+        };
+        let normed = b.rms_norm(hidden, &self.norm, self.spec.eps, self.spec.norm)?;
+        let tokens = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
+        let step = Step { tokens, hidden: &normed, layout };
+        let tables: Vec<Vec<u32>> = order.iter().map(|&i| seqs[i].state.tables[group].clone()).collect();
+        let mut out = self.mtp_step(mtp, &step, &mut p, pool_layer, &tables)?;
+        for (&i, &(_, len, start)) in order.iter().zip(&parts) {
+            seqs[i].state.mtp_pos = start + len;
+        }
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        // Each sequence's last fed row, then k - 1 chained single rows.
+        let last: Vec<Tensor<B>> =
+            parts.iter().map(|&(row, len, _)| b.slice_rows(&out, row + len - 1, 1)).collect::<Result<_>>()?;
+        out = stack_rows(b, last)?;
+        let mut logits = Vec::with_capacity(k);
+        let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(k);
+        for j in 0..k {
+            let l = b.linear(&out, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+            let picks = b.argmax_rows(&l, None)?;
+            if picks.iter().any(|p| !p.finite) {
+                return Err(Error::input("draft: the MTP's logits are not finite"));
+            }
+            tokens.push(picks.iter().map(|p| p.id).collect());
+            logits.push(l);
+            if j + 1 == k {
+                break;
+            }
+            // One row per sequence, in `order` (equal lengths keep the given order).
+            let layout =
+                Layout::new(&parts.iter().map(|&(_, len, start)| (1, start + len + j, false)).collect::<Vec<_>>());
+            let chain = Step { tokens: tokens[j].clone(), hidden: &out, layout };
+            out = self.mtp_step(mtp, &chain, &mut p, pool_layer, &tables)?;
+        }
+        // Back to the caller's order: sequence i ran as batch row `at[i]`.
+        let mut at = vec![0; order.len()];
+        for (r, &i) in order.iter().enumerate() {
+            at[i] = r;
+        }
+        at.iter()
+            .map(|&r| {
+                let rows = logits.iter().map(|l| b.slice_rows(l, r, 1)).collect::<Result<Vec<_>>>()?;
+                Ok(Draft { tokens: tokens.iter().map(|t| t[r]).collect(), logits: stack_rows(b, rows)? })
+            })
+            .collect()
+    }
+
+    /// One MTP forward over `step`'s rows (each span attending through its sequence's table in
+    /// `tables`, batch order); returns the MTP's output after its norm, `[rows, hidden]`.
+    fn mtp_step(
+        &self,
+        mtp: &Mtp<B>,
+        step: &Step<B>,
+        p: &mut PoolInner<B>,
+        pool_layer: usize,
+        tables: &[Vec<u32>],
+    ) -> Result<Tensor<B>> {
+        let (b, h, eps, kind) = (&self.backend, self.spec.hidden, self.spec.eps, self.spec.norm);
+        let Weight::Dense(table) = &self.embed.weight else {
+            return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
+        };
+        let Mixer::Attention(attn) = &mtp.layer.mixer else {
+            return Err(Error::input("the MTP layer must be an attention layer"));
+        };
+        let rows = step.tokens.len();
+        let e = b.rms_norm(&b.embedding(table, &step.tokens)?, &mtp.pre_fc_norm_embedding, eps, kind)?;
+        let hn = b.rms_norm(step.hidden, &mtp.pre_fc_norm_hidden, eps, kind)?;
+        // [e | hn] per row: the two stacked, then gathered row by row (a copy, exact).
+        let both = b.concat_rows(&[&e, &hn])?;
+        let interleave: Vec<u32> = (0..rows as u32).flat_map(|r| [r, rows as u32 + r]).collect();
+        let x = b.linear(&b.embedding(&both, &interleave)?.reshape(&[rows, 2 * h])?, &mtp.fc)?;
+        let l = &mtp.layer;
+        let tables: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
+        let normed = b.rms_norm(&x, &l.input_norm, eps, kind)?;
+        let mixed = attn.forward(b, &normed, &step.layout, &mut p.kv, pool_layer, &tables, eps)?;
+        let (x1, h1) = b.add_rms_norm(&x, &mixed, &l.post_norm, eps, kind)?;
+        let f = l.ffn.forward(b, &h1)?;
+        Ok(b.add_rms_norm(&x1, &f, &mtp.norm, eps, kind)?.1)
+    }
+}
