@@ -403,8 +403,9 @@ pub struct Hold {
     pub context: usize,
     /// Sequences submitted at once, and the engine's limit on running ones.
     pub seqs: usize,
-    /// Tokens each generates past the `seqs` steps that admit the others (one prompt a step), so
-    /// the first is still running when the last starts; its prompt is the rest of the context.
+    /// Tokens each generates past the steps that admit the others (three a sequence: a prompt
+    /// runs in up to two chunks, split where the prefix cache snapshots it, beside the decodes),
+    /// so the first is still running when the last starts; its prompt is the rest of the context.
     pub gen_len: usize,
     pub gpu_memory_utilization: f64,
     pub prefix_cache: bool,
@@ -433,7 +434,7 @@ where
     let by_blocks =
         (shape.totals().iter().zip(&per_seq)).map(|(&total, &need)| total / need.max(1)).min().unwrap_or(usize::MAX);
     let vocab = engine.model().spec().vocab;
-    let gen_len = (w.seqs + w.gen_len).min(w.context - 1);
+    let gen_len = (3 * w.seqs + w.gen_len).min(w.context - 1);
     let prompt_len = w.context - gen_len;
     for i in 0..w.seqs {
         let prompt = (0..prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
