@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod backend;
 pub mod blocks;
 pub mod checkpoint;
+pub mod comm;
 pub mod dtype;
 pub mod error;
 #[cfg(feature = "mutation-address-keyed-cache")]
@@ -20,6 +21,7 @@ pub use backend::{
     KvLayout, KvOps, KvSeq, MemoryStats, NormKind, Ops, ReplayInputs, Rope, SharedExpert, StepRecording, TokenLogprobs,
     RELEASED,
 };
+pub use comm::{Communicator, HostComm};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use quant::{Fp8Block, Nvfp4, Quantized, NVFP4_GROUP};

@@ -46,7 +46,14 @@ impl CudaBackend {
 
     /// A backend on device 0: its own stream, allocator (in `mode`) and freshly compiled kernels.
     pub fn with_mode(mode: AllocMode) -> Result<Self> {
-        let ctx = CudaContext::new(0).map_err(|e| driver_err("opening CUDA device 0", e))?;
+        Self::on_device(0, mode)
+    }
+
+    /// A backend on device `ordinal` (a rank of a tensor-parallel model), as `with_mode`.
+    pub fn on_device(ordinal: usize, mode: AllocMode) -> Result<Self> {
+        let count = Self::device_count()?;
+        check(ordinal < count, "opening a device", || format!("device {ordinal} asked for, {count} found"))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_err(&format!("opening CUDA device {ordinal}"), e))?;
         let stream = ctx.new_stream().map_err(|e| driver_err("creating a stream", e))?;
         let alloc = Arc::new(crate::alloc::new_allocator(mode, stream));
         let kernels = Kernels::load(&ctx)?;
@@ -54,6 +61,16 @@ impl CudaBackend {
         let id = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
         let inner = Inner { id, kernels: Arc::new(kernels), gemm: Arc::new(gemm), alloc, recording: None };
         Ok(CudaBackend { inner: Arc::new(inner) })
+    }
+
+    /// How many CUDA devices the driver sees.
+    pub fn device_count() -> Result<usize> {
+        CudaContext::device_count().map(|n| n.max(0) as usize).map_err(|e| driver_err("cuDeviceGetCount", e))
+    }
+
+    /// The device this backend runs on.
+    pub fn ordinal(&self) -> usize {
+        self.stream().context().ordinal()
     }
 
     /// The recording a recorder holds.

@@ -9,7 +9,7 @@
 //!
 //! From the ground up: `error.rs`, `limits.rs` (the numbers shared with the kernels), `alloc.rs`,
 //! `kernels.rs` (NVRTC), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
-//! (launch helpers); `kv.rs` (the KV block pool), `capture.rs` and `record.rs` (recorded decode steps);
+//! (launch helpers); `nccl.rs` (the NCCL communicator of tensor-parallel ranks); `kv.rs` (the KV block pool), `capture.rs` and `record.rs` (recorded decode steps);
 //! `ops/` (each op family's launch code); `backend.rs` (the Backend trait's layers, handing each
 //! method to its family).
 
@@ -34,6 +34,8 @@ mod launch;
 #[cfg(feature = "cuda")]
 mod limits;
 #[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
 mod nvfp4;
 #[cfg(feature = "cuda")]
 mod ops;
@@ -52,6 +54,8 @@ pub use alloc::{AllocMode, CudaBuffer};
 pub use device::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use kv::CudaKvPool;
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
 #[cfg(feature = "cuda")]
 pub use ops::moe::CudaExpertTable;
 #[cfg(feature = "cuda")]

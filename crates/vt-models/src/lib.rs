@@ -6,11 +6,12 @@ mod model;
 mod quant;
 mod rope;
 pub mod spec;
+pub mod split;
 
 /// Reading single weights of a checkpoint (tools and tests; `Model::load` reads them all).
 pub use loader::{DummyWeights, Loader};
 pub use model::{
-    decode_first, Draft, DraftInput, Logits, Model, PoolConfig, PoolShape, PoolStats, SeqState, StatePool, StepOutput,
-    StepSeq, BATCH_ROWS,
+    decode_first, Comms, Draft, DraftInput, Logits, Model, PoolConfig, PoolShape, PoolStats, SeqState, StatePool,
+    StepOutput, StepSeq, BATCH_ROWS,
 };
 pub use spec::{Family, ModelSpec};

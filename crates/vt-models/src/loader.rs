@@ -1,6 +1,7 @@
 //! Reading a checkpoint's tensors into backend weights, checking each against the spec.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::ops::Range;
 
 use vt_core::checkpoint::{Checkpoint, TensorRef};
 use vt_core::{Backend, DType, Error, Expert, Linear, MoeExperts, Nvfp4, Result, Tensor, Weight, NVFP4_GROUP};
@@ -43,6 +44,59 @@ pub struct Loader<'a, B: Backend> {
     total: u64,
     /// Set: every tensor is made up (`has` is true for any name).
     dummy: Option<DummyWeights>,
+    /// Set while a tensor-parallel rank loads its part of one weight: what `place` keeps.
+    cut: RefCell<Option<Cut>>,
+}
+
+/// A rank's part of a weight of logical shape `[out, inp]`: the rows of `rows` (ranges of output
+/// features, concatenated in order) and, where set, the columns `cols` (input features). Every
+/// tensor the weight is stored as (values, block scales) is cut in proportion: a stored value
+/// that covers several logical ones (NVFP4's 2 codes a byte and scale per 16 inputs, FP8's
+/// block scales) is kept whole, so a cut must fall on such a boundary.
+#[derive(Clone, Debug)]
+pub struct Cut {
+    /// The weight's name, for errors.
+    pub name: String,
+    pub out: usize,
+    pub inp: usize,
+    pub rows: Vec<Range<usize>>,
+    pub cols: Option<Range<usize>>,
+}
+
+impl Cut {
+    /// Rows kept in all.
+    fn rows_kept(&self) -> usize {
+        self.rows.iter().map(ExactSizeIterator::len).sum()
+    }
+
+    /// Whether the cut keeps everything (one rank).
+    fn is_whole(&self) -> bool {
+        self.rows == [0..self.out] && self.cols.as_ref().is_none_or(|c| *c == (0..self.inp))
+    }
+
+    /// The shape the cut leaves of `[out, inp]`.
+    fn shape(&self) -> [usize; 2] {
+        [self.rows_kept(), self.cols.as_ref().map_or(self.inp, ExactSizeIterator::len)]
+    }
+}
+
+/// `r`, a range of `logical` indices, as a range of a stored dimension of `stored` values, each
+/// covering `logical.div_ceil(stored)` logical ones (the last possibly fewer).
+fn stored_range(r: &Range<usize>, logical: usize, stored: usize, what: &str) -> Result<Range<usize>> {
+    if stored == logical {
+        return Ok(r.clone());
+    }
+    let per = logical.div_ceil(stored.max(1));
+    if stored == 0 || !r.start.is_multiple_of(per) || !(r.end.is_multiple_of(per) || r.end == logical) {
+        return Err(Error::tensor(
+            what,
+            format!(
+                "tensor parallelism cannot keep {r:?} of its {logical}: it is stored as one value per {per} \
+                 (a rank's part must start and end on such a block; try fewer ranks)"
+            ),
+        ));
+    }
+    Ok(r.start / per..r.end.div_ceil(per))
 }
 
 /// Checkpoint tensors the text model reads: not the vision tower, W4A4 activation scales, or the
@@ -76,6 +130,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             bytes_read: Cell::new(0),
             total,
             dummy: None,
+            cut: RefCell::new(None),
         })
     }
 
@@ -90,6 +145,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             bytes_read: Cell::new(0),
             total: 0,
             dummy: Some(dummy),
+            cut: RefCell::new(None),
         }
     }
 
@@ -104,7 +160,13 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// A float tensor of exactly `shape`, uploaded in its stored dtype.
     pub fn float(&self, name: &str, shape: &[usize]) -> Result<Tensor<B>> {
         if let Some(d) = &self.dummy {
-            return self.backend.random(DType::BF16, shape, d.seed(name), 0.1);
+            let cut = self.cut.borrow().as_ref().map(Cut::shape);
+            let kept = match (cut, shape) {
+                (Some([rows, _]), [_]) => vec![rows],
+                (Some([rows, cols]), _) => vec![rows, cols],
+                (None, _) => shape.to_vec(),
+            };
+            return self.backend.random(DType::BF16, &kept, d.seed(name), 0.1);
         }
         let t = self.get(name)?;
         check_float(&t)?;
@@ -117,11 +179,61 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.upload(t.dtype, shape, t.bytes)
     }
 
-    /// Copies stored bytes to the backend and reports progress.
+    /// Copies stored bytes to the backend (a rank's cut of them, while one is set) and reports
+    /// progress.
     pub(crate) fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<B>> {
-        let t = self.backend.upload(dtype, shape, bytes)?;
+        let t = self.place(dtype, shape, bytes)?;
         self.count_read(bytes.len());
         Ok(t)
+    }
+
+    /// Copies stored bytes to the backend, keeping only the current cut (rows, and columns, of a
+    /// `[rows, cols]` or `[rows]` tensor): whole rows straight from the mapped file, a column
+    /// range row by row into a buffer of the kept part only.
+    pub(crate) fn place(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<B>> {
+        let cut = self.cut.borrow();
+        let Some(cut) = cut.as_ref().filter(|c| !c.is_whole()) else { return self.backend.upload(dtype, shape, bytes) };
+        let what = format!("{} ({dtype} {shape:?} of [{}, {}])", cut.name, cut.out, cut.inp);
+        let (rows, cols) = match *shape {
+            [r] => (r, 1),
+            [r, c] => (r, c),
+            _ => return Err(Error::tensor(what, "only 1-D and 2-D tensors are split between ranks")),
+        };
+        let row_bytes = bytes.len() / rows.max(1);
+        let row_ranges = cut.rows.iter().map(|r| stored_range(r, cut.out, rows, &what)).collect::<Result<Vec<_>>>()?;
+        let col_range = match (&cut.cols, shape.len()) {
+            (Some(c), 2) => stored_range(c, cut.inp, cols, &what)?,
+            _ => 0..cols,
+        };
+        let (b0, b1) = (col_range.start * row_bytes, col_range.end * row_bytes);
+        if !b0.is_multiple_of(cols) || !b1.is_multiple_of(cols) {
+            return Err(Error::tensor(what, format!("columns {col_range:?} do not start and end on a byte")));
+        }
+        let (b0, b1) = (b0 / cols, b1 / cols);
+        let kept_rows: usize = row_ranges.iter().map(ExactSizeIterator::len).sum();
+        let mut kept = Vec::with_capacity(kept_rows * (b1 - b0));
+        for r in &row_ranges {
+            if b0 == 0 && b1 == row_bytes {
+                kept.extend_from_slice(&bytes[r.start * row_bytes..r.end * row_bytes]);
+            } else {
+                for row in r.clone() {
+                    kept.extend_from_slice(&bytes[row * row_bytes + b0..row * row_bytes + b1]);
+                }
+            }
+        }
+        let kept_shape = match shape.len() {
+            1 => vec![kept_rows],
+            _ => vec![kept_rows, col_range.len()],
+        };
+        self.backend.upload(dtype, &kept_shape, &kept)
+    }
+
+    /// `load()` with `cut` set: a rank's part of one weight.
+    pub fn with_cut<T>(&self, cut: Cut, load: impl FnOnce() -> Result<T>) -> Result<T> {
+        let before = self.cut.replace(Some(cut));
+        let out = load();
+        self.cut.replace(before);
+        out
     }
 
     pub(crate) fn count_read(&self, bytes: usize) {
@@ -147,9 +259,11 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(w)
     }
 
-    /// Random values of about a trained layer's scale (|w| ~ 1/sqrt(in)).
+    /// Random values of about a trained layer's scale (|w| ~ 1/sqrt(in)), at a rank's cut of
+    /// `[out, inp]` while one is set.
     fn dummy_weight(&self, d: &DummyWeights, base: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         let (b, seed) = (self.backend, d.seed(base));
+        let [out, inp] = self.cut.borrow().as_ref().map_or([out, inp], Cut::shape);
         let w = if d.quantizes(base) && inp.is_multiple_of(NVFP4_GROUP) {
             Weight::Nvfp4(Nvfp4::new(
                 b,
@@ -169,9 +283,54 @@ impl<'a, B: Backend> Loader<'a, B> {
         Linear::new(self.backend, self.weight(base, out, inp)?)
     }
 
+    /// A rank's part of `base` `[out, inp]`: the output rows of `rows`, and the input columns of
+    /// `cols` where set.
+    pub fn linear_cut(
+        &self,
+        base: &str,
+        [out, inp]: [usize; 2],
+        rows: &[Range<usize>],
+        cols: Option<Range<usize>>,
+    ) -> Result<Linear<B>> {
+        let cut = Cut { name: base.into(), out, inp, rows: rows.to_vec(), cols };
+        self.with_cut(cut, || self.linear(base, out, inp))
+    }
+
+    /// A rank's rows (`rows`, concatenated) of the float tensor `name` of `shape` (1-D or 2-D).
+    pub fn float_rows(&self, name: &str, shape: &[usize], rows: &[Range<usize>]) -> Result<Tensor<B>> {
+        let cut = Cut {
+            name: name.into(),
+            out: shape[0],
+            inp: shape.get(1).copied().unwrap_or(1),
+            rows: rows.to_vec(),
+            cols: None,
+        };
+        self.with_cut(cut, || self.float(name, shape))
+    }
+
+    /// The smallest number of a weight's input features a rank's cut can start at: one NVFP4
+    /// scale group, one FP8 block (rows and columns), else one.
+    pub fn split_unit(&self) -> usize {
+        match (&self.dummy, &self.quant) {
+            (Some(d), _) if d.nvfp4 => NVFP4_GROUP,
+            (Some(_), _) | (None, None) => 1,
+            (None, Some(q)) => q.split_unit(),
+        }
+    }
+
     /// Routed experts stored per expert (`{base}.{e}.gate_proj.weight`, ...) or stacked
-    /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`).
-    pub fn experts(&self, base: &str, num: usize, hidden: usize, inter: usize) -> Result<MoeExperts<B>> {
+    /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`): of each expert, the
+    /// hidden units `part` of its `inter` (a tensor-parallel rank's; `0..inter` for all).
+    pub fn experts(
+        &self,
+        base: &str,
+        num: usize,
+        hidden: usize,
+        inter: usize,
+        part: Range<usize>,
+    ) -> Result<MoeExperts<B>> {
+        let rows = |out, inp| Cut { name: base.into(), out, inp, rows: vec![part.clone()], cols: None };
+        let cols = |out, inp| Cut { name: base.into(), out, inp, rows: vec![0..out], cols: Some(part.clone()) };
         let stacked = format!("{base}.gate_up_proj");
         let experts = if self.dummy.is_none() && self.has(&stacked) {
             let gate_up = self.get(&stacked)?;
@@ -196,25 +355,35 @@ impl<'a, B: Backend> Loader<'a, B> {
                 .map(|e| {
                     let gu = &gate_up.bytes[e * gu_bytes..(e + 1) * gu_bytes];
                     let d = &down.bytes[e * d_bytes..(e + 1) * d_bytes];
+                    let up_rows = |bytes| {
+                        self.with_cut(rows(inter, hidden), || self.upload(gate_up.dtype, &[inter, hidden], bytes))
+                    };
                     Ok(Expert {
-                        gate: Weight::Dense(self.upload(gate_up.dtype, &[inter, hidden], &gu[..half])?),
-                        up: Weight::Dense(self.upload(gate_up.dtype, &[inter, hidden], &gu[half..])?),
-                        down: Weight::Dense(self.upload(down.dtype, &[hidden, inter], d)?),
+                        gate: Weight::Dense(up_rows(&gu[..half])?),
+                        up: Weight::Dense(up_rows(&gu[half..])?),
+                        down: Weight::Dense(
+                            self.with_cut(cols(hidden, inter), || self.upload(down.dtype, &[hidden, inter], d))?,
+                        ),
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
             (0..num)
                 .map(|e| {
+                    let up_rows = |name| {
+                        self.with_cut(rows(inter, hidden), || self.weight(&format!("{base}.{e}.{name}"), inter, hidden))
+                    };
                     Ok(Expert {
-                        gate: self.weight(&format!("{base}.{e}.gate_proj"), inter, hidden)?,
-                        up: self.weight(&format!("{base}.{e}.up_proj"), inter, hidden)?,
-                        down: self.weight(&format!("{base}.{e}.down_proj"), hidden, inter)?,
+                        gate: up_rows("gate_proj")?,
+                        up: up_rows("up_proj")?,
+                        down: self.with_cut(cols(hidden, inter), || {
+                            self.weight(&format!("{base}.{e}.down_proj"), hidden, inter)
+                        })?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
         };
-        MoeExperts::new(self.backend, base, experts, hidden, inter)
+        MoeExperts::new(self.backend, base, experts, hidden, part.len())
     }
 }
 

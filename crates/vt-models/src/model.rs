@@ -11,6 +11,7 @@ mod layout;
 mod mlp;
 mod moe;
 mod mtp;
+mod parallel;
 mod pool;
 mod share;
 mod state;
@@ -18,16 +19,19 @@ mod verify;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use vt_core::checkpoint::Checkpoint;
-use vt_core::{Backend, Error, Linear, MoeExperts, Result, Tensor};
+use vt_core::{Backend, Communicator, Error, Linear, MoeExperts, Result, Tensor};
 
 use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
+use crate::split::Shard;
 pub use batch::{decode_first, Logits, StepOutput, StepSeq};
 pub use decode_graph::BATCH_ROWS;
 use layer::{linear_bytes, tensor_bytes, Ffn, Layer};
 pub use mtp::{Draft, DraftInput};
+pub use parallel::Comms;
 pub use pool::{PoolConfig, PoolShape, PoolStats, StatePool};
 pub use state::SeqState;
 
@@ -35,7 +39,8 @@ pub use state::SeqState;
 /// model that recorded it); nothing is keyed by it.
 static NEXT_MODEL: AtomicU64 = AtomicU64::new(1);
 
-/// A loaded model: weights on one backend, in their stored dtypes.
+/// A loaded model: weights on one backend, in their stored dtypes; or, split over several ranks
+/// (tensor parallelism, parallel.rs), rank 0's part, with the other ranks' parts in `peers`.
 pub struct Model<B: Backend> {
     id: u64,
     backend: B,
@@ -51,6 +56,10 @@ pub struct Model<B: Backend> {
     record_decode: bool,
     /// Where each layer's sequence state lives in a pool.
     state_layout: pool::StateLayout,
+    /// This rank's end of its group, where the model is split over ranks.
+    comm: Option<Arc<dyn Communicator<B>>>,
+    /// On rank 0 of a split model: ranks 1.., each run on a thread of its own.
+    peers: Vec<Model<B>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -66,16 +75,23 @@ impl<B: Backend> Model<B> {
     }
 
     pub fn from_checkpoint(backend: &B, ckpt: &Checkpoint, progress: &dyn Fn(u64, u64)) -> Result<Self> {
-        Self::build(backend, ckpt, Loader::new(ckpt, backend, progress)?)
+        Self::build(backend, ckpt, Loader::new(ckpt, backend, progress)?, &Shard::ALONE, None)
     }
 
     /// The model `ckpt`'s config describes, with random weights made on `backend` (only the
     /// config is read: benchmarks at real shapes without the checkpoint).
     pub fn dummy(backend: &B, ckpt: &Checkpoint, weights: DummyWeights) -> Result<Self> {
-        Self::build(backend, ckpt, Loader::dummy(ckpt, backend, weights, &|_, _| {}))
+        Self::build(backend, ckpt, Loader::dummy(ckpt, backend, weights, &|_, _| {}), &Shard::ALONE, None)
     }
 
-    fn build(backend: &B, ckpt: &Checkpoint, ld: Loader<'_, B>) -> Result<Self> {
+    /// `shard`'s part of the model (all of it for `Shard::ALONE`), exchanging through `comm`.
+    fn build(
+        backend: &B,
+        ckpt: &Checkpoint,
+        ld: Loader<'_, B>,
+        shard: &Shard,
+        comm: Option<Arc<dyn Communicator<B>>>,
+    ) -> Result<Self> {
         let spec = ModelSpec::from_config(&ckpt.config)?;
         let p = ld.prefix.clone();
         let h = spec.hidden;
@@ -87,12 +103,13 @@ impl<B: Backend> Model<B> {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, ls)| Layer::load(&ld, ls, &format!("{p}layers.{i}"), h))
+            .map(|(i, ls)| Layer::load(&ld, ls, &format!("{p}layers.{i}"), h, shard))
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
-        let lm_head = if spec.tie_embeddings { None } else { Some(ld.linear("lm_head", spec.vocab, h)?) };
+        let lm_head = parallel::lm_head(&ld, &spec, shard)?;
+        // A split model drafts nothing yet: its MTP layer is not split over the ranks.
         let mtp = match &spec.mtp {
-            Some(ls) if ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h)?),
+            Some(ls) if shard.is_alone() && ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h)?),
             _ => None,
         };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
@@ -109,6 +126,8 @@ impl<B: Backend> Model<B> {
             // Off until CUDA replays over the block pool are fixed (docs/performance.md).
             record_decode: true,
             state_layout,
+            comm,
+            peers: Vec::new(),
         })
     }
 
@@ -133,8 +152,8 @@ impl<B: Backend> Model<B> {
     /// and what their resident slots hold).
     pub fn moe_experts(&self) -> impl Iterator<Item = &MoeExperts<B>> {
         self.layers.iter().filter_map(|l| match &l.ffn {
-            Ffn::Moe(m) => Some(&m.experts),
-            Ffn::Dense(_) => None,
+            Ffn::Moe(m) => m.experts.as_ref(),
+            Ffn::Dense(_) | Ffn::Idle => None,
         })
     }
 
@@ -145,7 +164,8 @@ impl<B: Backend> Model<B> {
     pub fn prepare(&self) -> Result<()> {
         self.moe_experts()
             .chain(self.mtp.as_ref().and_then(|m| m.experts()))
-            .try_for_each(|e| self.backend.prepare_experts(e))
+            .try_for_each(|e| self.backend.prepare_experts(e))?;
+        self.peers.iter().try_for_each(Model::prepare)
     }
 
     /// Runs `ids` after what `state` holds and returns logits `[rows, vocab]` for all positions or

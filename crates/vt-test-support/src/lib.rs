@@ -5,6 +5,7 @@
 pub mod lifetime;
 pub mod mtp;
 pub mod ops;
+pub mod parallel;
 pub mod parity;
 pub mod variant;
 

@@ -8,6 +8,7 @@ use super::layer::{linear_bytes, tensor_bytes};
 use super::layout::{take_rows, Layout};
 use crate::loader::Loader;
 use crate::spec::{AttnGate, AttnSpec};
+use crate::split::{scaled, Shard};
 
 pub(super) struct Attention<B: Backend> {
     pub(super) spec: AttnSpec,
@@ -22,22 +23,27 @@ pub(super) struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    /// The `self_attn` module under `p` (a layer's prefix) of a model of width `h`.
-    pub(super) fn load(ld: &Loader<B>, s: &AttnSpec, p: &str, h: usize) -> Result<Self> {
+    /// The `self_attn` module under `p` (a layer's prefix) of a model of width `h`: `shard`'s
+    /// heads (split.rs), its projections' rows and the output projection's columns.
+    pub(super) fn load(ld: &Loader<B>, s: &AttnSpec, p: &str, h: usize, shard: &Shard) -> Result<Self> {
         let a = format!("{p}.self_attn");
-        let q_out = s.q_heads * s.head_dim * if s.gate == AttnGate::SigmoidFromQProj { 2 } else { 1 };
+        let d = s.head_dim;
+        let heads = shard.heads(s.q_heads, s.kv_heads, &a)?;
+        let q_per = d * if s.gate == AttnGate::SigmoidFromQProj { 2 } else { 1 };
         let g_proj = match s.gate {
             AttnGate::Softplus { per_head } => {
-                Some(ld.linear(&format!("{a}.g_proj"), if per_head { s.q_heads } else { s.q_heads * s.head_dim }, h)?)
+                let per = if per_head { 1 } else { d };
+                Some(ld.linear_cut(&format!("{a}.g_proj"), [s.q_heads * per, h], &[scaled(&heads.q, per)], None)?)
             }
             _ => None,
         };
+        let kv = |name: &str| ld.linear_cut(&format!("{a}.{name}"), [s.kv_heads * d, h], &[scaled(&heads.kv, d)], None);
         Ok(Attention {
-            spec: s.clone(),
-            q_proj: ld.linear(&format!("{a}.q_proj"), q_out, h)?,
-            k_proj: ld.linear(&format!("{a}.k_proj"), s.kv_heads * s.head_dim, h)?,
-            v_proj: ld.linear(&format!("{a}.v_proj"), s.kv_heads * s.head_dim, h)?,
-            o_proj: ld.linear(&format!("{a}.o_proj"), h, s.q_heads * s.head_dim)?,
+            spec: AttnSpec { q_heads: heads.q.len(), kv_heads: heads.kv.len(), ..s.clone() },
+            q_proj: ld.linear_cut(&format!("{a}.q_proj"), [s.q_heads * q_per, h], &[scaled(&heads.q, q_per)], None)?,
+            k_proj: kv("k_proj")?,
+            v_proj: kv("v_proj")?,
+            o_proj: ld.linear_cut(&format!("{a}.o_proj"), [h, s.q_heads * d], &[0..h], Some(scaled(&heads.q, d)))?,
             q_norm: ld.float(&format!("{a}.q_norm.weight"), &[s.head_dim])?,
             k_norm: ld.float(&format!("{a}.k_norm.weight"), &[s.head_dim])?,
             g_proj,

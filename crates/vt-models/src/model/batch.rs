@@ -81,6 +81,14 @@ impl<B: Backend> Model<B> {
     /// sliding groups give back the blocks that left their windows (a verifying sequence's, when
     /// it settles).
     pub(super) fn run(&self, seqs: &mut [StepSeq<'_, B>], which: Logits, hidden: bool) -> Result<StepOutput<B>> {
+        match self.peers.is_empty() {
+            true => self.run_rank(seqs, which, hidden),
+            false => self.run_ranks(seqs, which, hidden),
+        }
+    }
+
+    /// `run` on one rank (the whole model where it is not split).
+    pub(super) fn run_rank(&self, seqs: &mut [StepSeq<'_, B>], which: Logits, hidden: bool) -> Result<StepOutput<B>> {
         let Some(shared) = seqs.first().map(|s| s.state.pool.clone()) else {
             return Err(Error::input("forward needs at least one sequence"));
         };
@@ -123,7 +131,8 @@ impl<B: Backend> Model<B> {
             s.state.grow(&mut p, end)?;
         }
         // Plain single-token steps replay a recording where the backend records.
-        if self.record_decode && !hidden && seqs.iter().all(|s| s.ids.len() == 1 && !s.verify) {
+        // A recording would have to capture the ranks' collectives: split models run unrecorded.
+        if self.record_decode && self.comm.is_none() && !hidden && seqs.iter().all(|s| s.ids.len() == 1 && !s.verify) {
             let mut plain: Vec<(&[u32], &mut SeqState<B>)> = seqs.iter_mut().map(|s| (s.ids, &mut *s.state)).collect();
             let logits = match plain.as_mut_slice() {
                 [(&[id], state)] => self.recorded_step(id, state, &mut p)?,
@@ -245,8 +254,9 @@ impl<B: Backend> Model<B> {
                 }
                 _ => return Err(other_model()),
             };
+            let mixed = self.reduce(b, mixed)?;
             let (x1, h1) = b.add_rms_norm(&x, &mixed, &layer.post_norm, eps, kind)?;
-            let f = layer.ffn.forward(b, &h1)?;
+            let f = self.reduce(b, layer.ffn.forward(b, &h1)?)?;
             let next_norm = self.layers.get(li + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = b.add_rms_norm(&x1, &f, next_norm, eps, kind)?;
         }
@@ -277,7 +287,7 @@ impl<B: Backend> Model<B> {
             }
             false => None,
         };
-        let logits = b.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        let logits = self.logits(b, &h)?;
         Ok(StepOutput { logits, rows: ranges, hidden })
     }
 }

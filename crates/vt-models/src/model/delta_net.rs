@@ -9,6 +9,7 @@ use super::layout::{gather_rows, take_rows, Layout, Span};
 use super::verify::Saved;
 use crate::loader::Loader;
 use crate::spec::GdnSpec;
+use crate::split::{offset, scaled, Shard};
 
 pub(super) struct DeltaNet<B: Backend> {
     pub(super) spec: GdnSpec,
@@ -24,21 +25,30 @@ pub(super) struct DeltaNet<B: Backend> {
 }
 
 impl<B: Backend> DeltaNet<B> {
-    /// The `linear_attn` module under `p` (a layer's prefix) of a model of width `h`.
-    pub(super) fn load(ld: &Loader<B>, s: &GdnSpec, p: &str, h: usize) -> Result<Self> {
+    /// The `linear_attn` module under `p` (a layer's prefix) of a model of width `h`: `shard`'s
+    /// value heads and the key heads they read (split.rs), as rows of every input projection and
+    /// of the convolution (whose channels are q, k, v), columns of the output projection.
+    pub(super) fn load(ld: &Loader<B>, s: &GdnSpec, p: &str, h: usize, shard: &Shard) -> Result<Self> {
         let a = format!("{p}.linear_attn");
         let (key_total, value_total) = (s.key_heads * s.key_dim, s.value_heads * s.value_dim);
+        let heads = shard.heads(s.value_heads, s.key_heads, &a)?;
+        let (keys, values) = (scaled(&heads.kv, s.key_dim), scaled(&heads.q, s.value_dim));
+        let qkv = [keys.clone(), offset(&keys, key_total), offset(&values, 2 * key_total)];
+        let rows = |name: &str, out: usize, r: &[std::ops::Range<usize>]| {
+            ld.linear_cut(&format!("{a}.{name}"), [out, h], r, None)
+        };
+        let per_head = |name: &str| ld.float_rows(&format!("{a}.{name}"), &[s.value_heads], &[heads.q.clone()]);
         Ok(DeltaNet {
-            spec: s.clone(),
-            in_proj_qkv: ld.linear(&format!("{a}.in_proj_qkv"), 2 * key_total + value_total, h)?,
-            in_proj_z: ld.linear(&format!("{a}.in_proj_z"), value_total, h)?,
-            in_proj_b: ld.linear(&format!("{a}.in_proj_b"), s.value_heads, h)?,
-            in_proj_a: ld.linear(&format!("{a}.in_proj_a"), s.value_heads, h)?,
-            conv: ld.float(&format!("{a}.conv1d.weight"), &[s.conv_channels(), s.conv_kernel])?,
-            a_log: ld.float(&format!("{a}.A_log"), &[s.value_heads])?,
-            dt_bias: ld.float(&format!("{a}.dt_bias"), &[s.value_heads])?,
+            spec: GdnSpec { key_heads: heads.kv.len(), value_heads: heads.q.len(), ..s.clone() },
+            in_proj_qkv: rows("in_proj_qkv", 2 * key_total + value_total, &qkv)?,
+            in_proj_z: rows("in_proj_z", value_total, &[values.clone()])?,
+            in_proj_b: rows("in_proj_b", s.value_heads, &[heads.q.clone()])?,
+            in_proj_a: rows("in_proj_a", s.value_heads, &[heads.q.clone()])?,
+            conv: ld.float_rows(&format!("{a}.conv1d.weight"), &[s.conv_channels(), s.conv_kernel], &qkv)?,
+            a_log: per_head("A_log")?,
+            dt_bias: per_head("dt_bias")?,
             norm: ld.float(&format!("{a}.norm.weight"), &[s.value_dim])?,
-            out_proj: ld.linear(&format!("{a}.out_proj"), h, value_total)?,
+            out_proj: ld.linear_cut(&format!("{a}.out_proj"), [h, value_total], &[0..h], Some(values))?,
         })
     }
 

@@ -9,6 +9,7 @@ use super::mlp::Mlp;
 use super::moe::MoeBlock;
 use crate::loader::Loader;
 use crate::spec::{FfnSpec, LayerSpec, MixerSpec};
+use crate::split::Shard;
 
 pub(super) enum Mixer<B: Backend> {
     Attention(Attention<B>),
@@ -20,6 +21,8 @@ pub(super) enum Mixer<B: Backend> {
 pub(super) enum Ffn<B: Backend> {
     Dense(Mlp<B>),
     Moe(MoeBlock<B>),
+    /// A tensor-parallel rank that holds none of a dense block's hidden units: adds nothing.
+    Idle,
 }
 
 pub(super) struct Layer<B: Backend> {
@@ -30,15 +33,18 @@ pub(super) struct Layer<B: Backend> {
 }
 
 impl<B: Backend> Layer<B> {
-    /// The layer at prefix `p` (`{model prefix}layers.{i}`) of a model of width `h`.
-    pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, p: &str, h: usize) -> Result<Self> {
+    /// The layer at prefix `p` (`{model prefix}layers.{i}`) of a model of width `h`, as much of
+    /// it as `shard` holds.
+    pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, p: &str, h: usize, shard: &Shard) -> Result<Self> {
         let mixer = match &ls.mixer {
-            MixerSpec::Attention(s) => Mixer::Attention(Attention::load(ld, s, p, h)?),
-            MixerSpec::DeltaNet(s) => Mixer::DeltaNet(DeltaNet::load(ld, s, p, h)?),
+            MixerSpec::Attention(s) => Mixer::Attention(Attention::load(ld, s, p, h, shard)?),
+            MixerSpec::DeltaNet(s) => Mixer::DeltaNet(DeltaNet::load(ld, s, p, h, shard)?),
         };
         let ffn = match &ls.ffn {
-            FfnSpec::Dense { intermediate } => Ffn::Dense(Mlp::load(ld, &format!("{p}.mlp"), h, *intermediate)?),
-            FfnSpec::Moe(m) => Ffn::Moe(MoeBlock::load(ld, m, &format!("{p}.mlp"), h)?),
+            FfnSpec::Dense { intermediate } => {
+                Mlp::load(ld, &format!("{p}.mlp"), h, *intermediate, shard)?.map_or(Ffn::Idle, Ffn::Dense)
+            }
+            FfnSpec::Moe(m) => Ffn::Moe(MoeBlock::load(ld, m, &format!("{p}.mlp"), h, shard)?),
         };
         Ok(Layer {
             input_norm: ld.float(&format!("{p}.input_layernorm.weight"), &[h])?,
@@ -57,6 +63,7 @@ impl<B: Backend> Layer<B> {
         let ffn = match &self.ffn {
             Ffn::Dense(m) => m.weight_bytes(),
             Ffn::Moe(m) => m.weight_bytes(),
+            Ffn::Idle => 0,
         };
         tensor_bytes(&self.input_norm) + tensor_bytes(&self.post_norm) + mixer + ffn
     }
@@ -67,6 +74,7 @@ impl<B: Backend> Ffn<B> {
         match self {
             Ffn::Dense(m) => m.forward(b, x),
             Ffn::Moe(m) => m.forward(b, x),
+            Ffn::Idle => b.zeros(x.shape()),
         }
     }
 }

@@ -1,22 +1,25 @@
 //! The sparse MoE block: router, routed experts and the optional (sigmoid-gated) shared expert.
 
-use vt_core::{Backend, Error, Linear, MoeExperts, Result, Router, Tensor};
+use vt_core::{Backend, Error, GateAct, Linear, MoeExperts, Result, Router, Tensor};
 
 use super::layer::linear_bytes;
-use super::mlp::Mlp;
+use super::mlp::{hidden_units, Mlp};
 use crate::loader::Loader;
 use crate::spec::{MoeSpec, SharedExpert};
+use crate::split::Shard;
 
 pub(super) struct MoeBlock<B: Backend> {
     router: Router<B>,
-    pub(super) experts: MoeExperts<B>,
+    /// `None` on a tensor-parallel rank that holds none of the experts' hidden units.
+    pub(super) experts: Option<MoeExperts<B>>,
     shared: Option<Mlp<B>>,
     shared_gate: Option<Linear<B>>,
 }
 
 impl<B: Backend> MoeBlock<B> {
-    /// The `mlp` module at `p` (a layer's `{prefix}.mlp`) of a model of width `h`.
-    pub(super) fn load(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize) -> Result<Self> {
+    /// The `mlp` module at `p` (a layer's `{prefix}.mlp`) of a model of width `h`: the router
+    /// whole, and `shard`'s hidden units of every expert and of the shared expert.
+    pub(super) fn load(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize, shard: &Shard) -> Result<Self> {
         let correction_bias = if m.correction_bias {
             let names = [format!("{p}.experts.e_score_correction_bias"), format!("{p}.gate.e_score_correction_bias")];
             let name = names
@@ -32,7 +35,10 @@ impl<B: Backend> MoeBlock<B> {
             kind: m.router.clone(),
             correction_bias,
         };
-        let experts = ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate)?;
+        let part = hidden_units(ld, shard, m.intermediate);
+        let experts = (!part.is_empty())
+            .then(|| ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate, part))
+            .transpose()?;
         let (shared, shared_gate) = match m.shared {
             SharedExpert::None => (None, None),
             SharedExpert::Plain { intermediate } | SharedExpert::SigmoidGated { intermediate } => {
@@ -41,11 +47,14 @@ impl<B: Backend> MoeBlock<B> {
                 let base = first_present(ld, &[singular.as_str(), plural.as_str()], ".gate_proj.weight")
                     .unwrap_or(singular.as_str())
                     .to_string();
+                let shared = Mlp::load(ld, &base, h, intermediate, shard)?;
                 let gate = match m.shared {
-                    SharedExpert::SigmoidGated { .. } => Some(ld.linear(&format!("{p}.shared_expert_gate"), 1, h)?),
+                    SharedExpert::SigmoidGated { .. } if shared.is_some() => {
+                        Some(ld.linear(&format!("{p}.shared_expert_gate"), 1, h)?)
+                    }
                     _ => None,
                 };
-                (Some(Mlp::load(ld, &base, h, intermediate)?), gate)
+                (shared, gate)
             }
         };
         Ok(MoeBlock { router, experts, shared, shared_gate })
@@ -54,11 +63,9 @@ impl<B: Backend> MoeBlock<B> {
     /// Bytes of weights one token reads: the router, the routed top-k experts and the shared
     /// expert.
     pub(super) fn weight_bytes(&self) -> usize {
-        let expert = self
-            .experts
-            .experts
-            .first()
-            .map_or(0, |e| e.gate.resident_bytes() + e.up.resident_bytes() + e.down.resident_bytes());
+        let expert = (self.experts.iter().flat_map(|x| x.experts.first()))
+            .map(|e| e.gate.resident_bytes() + e.up.resident_bytes() + e.down.resident_bytes())
+            .sum::<usize>();
         linear_bytes(&self.router.weight)
             + self.router.kind.top_k() * expert
             + self.shared.as_ref().map_or(0, Mlp::weight_bytes)
@@ -72,7 +79,18 @@ impl<B: Backend> MoeBlock<B> {
             down: &s.down,
             gate_proj: self.shared_gate.as_ref(),
         });
-        b.moe_block(x, &self.router, &self.experts, shared.as_ref())
+        match (&self.experts, &self.shared) {
+            (Some(experts), _) => b.moe_block(x, &self.router, experts, shared.as_ref()),
+            // A rank with no part of the routed experts: its part of the shared expert, or nothing.
+            (None, Some(s)) => {
+                let y = s.forward(b, x)?;
+                match &self.shared_gate {
+                    Some(g) => b.gate(&y, &b.linear(x, g)?, GateAct::Sigmoid),
+                    None => Ok(y),
+                }
+            }
+            (None, None) => b.zeros(x.shape()),
+        }
     }
 }
 

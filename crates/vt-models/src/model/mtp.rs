@@ -23,6 +23,7 @@ use super::state::SeqState;
 use super::Model;
 use crate::loader::Loader;
 use crate::spec::LayerSpec;
+use crate::split::Shard;
 
 /// The tensor whose presence says a checkpoint carries the MTP layer.
 pub(super) const FC: &str = "mtp.fc.weight";
@@ -39,7 +40,7 @@ pub(super) struct Mtp<B: Backend> {
 impl<B: Backend> Mtp<B> {
     /// The checkpoint's `mtp.*` module (layer 0) of a model of width `h`.
     pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, h: usize) -> Result<Self> {
-        let layer = Layer::load(ld, ls, "mtp.layers.0", h)?;
+        let layer = Layer::load(ld, ls, "mtp.layers.0", h, &Shard::ALONE)?;
         if !matches!(layer.mixer, Mixer::Attention(_)) {
             return Err(Error::tensor("mtp.layers.0", "the MTP layer must be an attention layer"));
         }
@@ -54,8 +55,8 @@ impl<B: Backend> Mtp<B> {
 
     pub(super) fn experts(&self) -> Option<&MoeExperts<B>> {
         match &self.layer.ffn {
-            Ffn::Moe(m) => Some(&m.experts),
-            Ffn::Dense(_) => None,
+            Ffn::Moe(m) => m.experts.as_ref(),
+            Ffn::Dense(_) | Ffn::Idle => None,
         }
     }
 }

@@ -253,6 +253,8 @@ impl<B: Backend> PoolInner<B> {
 /// memory is freed when it and every state made from it are gone.
 pub struct StatePool<B: Backend> {
     pub(super) shared: Shared<B>,
+    /// A split model's other ranks' pools (parallel.rs), with the same blocks and slots.
+    pub(super) peers: Vec<StatePool<B>>,
 }
 
 impl<B: Backend> StatePool<B> {
@@ -285,7 +287,9 @@ impl<B: Backend> StatePool<B> {
     /// An empty sequence in this pool: takes a delta-net slot where the model has such layers
     /// (an error when none is free), and no blocks yet.
     pub fn new_state(&self) -> Result<super::SeqState<B>> {
-        super::SeqState::in_pool(&self.shared)
+        let mut state = super::SeqState::in_pool(&self.shared)?;
+        state.peers = self.peers.iter().map(StatePool::new_state).collect::<Result<_>>()?;
+        Ok(state)
     }
 }
 
@@ -299,8 +303,19 @@ impl<B: Backend> Model<B> {
         PoolConfig { bytes: seqs * (kv + slot), seqs, chunk, tokens, snapshots: 0 }
     }
 
-    /// A pool of `config.bytes` for this model's sequence state (sized as the module says).
+    /// A pool of `config.bytes` for this model's sequence state (sized as the module says; a
+    /// split model's ranks each get `config.bytes`, and the blocks the tightest rank can hold).
     pub fn new_pool(&self, config: &PoolConfig) -> Result<StatePool<B>> {
+        let (mut blocks, slots) = self.pool_blocks(config)?;
+        for peer in &self.peers {
+            let (theirs, _) = peer.pool_blocks(config)?;
+            blocks.iter_mut().zip(theirs).for_each(|(b, t)| *b = (*b).min(t));
+        }
+        self.pool_of(&blocks, slots)
+    }
+
+    /// The blocks of each group and the delta-net slots `config` makes room for on this rank.
+    fn pool_blocks(&self, config: &PoolConfig) -> Result<(Vec<usize>, usize)> {
         let l = &self.state_layout;
         let seqs = config.seqs.max(1);
         let slots = if l.gdn.is_empty() { 0 } else { seqs + config.snapshots };
@@ -324,11 +339,18 @@ impl<B: Backend> Model<B> {
                 l.windows[g].map_or("full-attention".to_string(), |w| format!("{w}-position window"))
             )));
         }
-        self.pool_of(&blocks, slots)
+        Ok((blocks, slots))
     }
 
-    /// A pool of `blocks[g]` blocks for each group and `slots` delta-net slots.
+    /// A pool of `blocks[g]` blocks for each group and `slots` delta-net slots (on every rank).
     pub(super) fn pool_of(&self, blocks: &[usize], slots: usize) -> Result<StatePool<B>> {
+        let mut pool = self.rank_pool(blocks, slots)?;
+        pool.peers = self.peers.iter().map(|p| p.rank_pool(blocks, slots)).collect::<Result<_>>()?;
+        Ok(pool)
+    }
+
+    /// `pool_of` on this rank.
+    fn rank_pool(&self, blocks: &[usize], slots: usize) -> Result<StatePool<B>> {
         let (b, l) = (&self.backend, &self.state_layout);
         let layouts: Vec<KvLayout> =
             l.kv.iter().map(|&(kv_heads, head_dim, g)| KvLayout { kv_heads, head_dim, blocks: blocks[g] }).collect();
@@ -354,6 +376,6 @@ impl<B: Backend> Model<B> {
             batch_recordings: 0,
             padding: Vec::new(),
         };
-        Ok(StatePool { shared: Arc::new(Mutex::new(inner)) })
+        Ok(StatePool { shared: Arc::new(Mutex::new(inner)), peers: Vec::new() })
     }
 }

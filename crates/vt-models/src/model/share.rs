@@ -57,7 +57,8 @@ impl<B: Backend> StatePool<B> {
     /// earlier position (a sliding-window layer's blocks leave as the sequence moves on, so a
     /// block table's prefix is not what a shorter sequence would hold).
     pub fn shares_prefixes(&self) -> bool {
-        lock(&self.shared).layout.windows.iter().all(Option::is_none)
+        // A split model's pools would have to snapshot and share on every rank: not yet.
+        self.peers.is_empty() && lock(&self.shared).layout.windows.iter().all(Option::is_none)
     }
 
     /// Positions per block.
@@ -218,6 +219,8 @@ impl<B: Backend> StatePool<B> {
         child.pos = state.pos;
         // The MTP layer's KV lives in the same blocks: the child has it as far as `state` has.
         child.mtp_pos = state.mtp_len();
-        Ok(())
+        drop(p);
+        let pairs = state.peers.iter().zip(child.peers.iter_mut());
+        self.peers.iter().zip(pairs).try_for_each(|(pool, (s, c))| pool.fork_into(s, c))
     }
 }

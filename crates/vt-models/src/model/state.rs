@@ -25,6 +25,8 @@ pub struct SeqState<B: Backend> {
     pub(super) recordings: usize,
     /// A verification step's positions, until `Model::settle` keeps some (verify.rs).
     pub(super) unsettled: Option<Unsettled<B>>,
+    /// A split model's other ranks' states of this sequence (parallel.rs).
+    pub(super) peers: Vec<SeqState<B>>,
 }
 
 /// A sequence's recorded decode step (decode_graph.rs).
@@ -67,6 +69,7 @@ impl<B: Backend> SeqState<B> {
             recorded: Recorded::None,
             recordings: 0,
             unsettled: None,
+            peers: Vec::new(),
         })
     }
 
@@ -230,6 +233,9 @@ impl<B: Backend> Model<B> {
         if matches!(state.recorded, Recorded::Failed(_)) {
             state.recorded = Recorded::None;
         }
-        Ok(())
+        if state.peers.len() != self.peers.len() {
+            return Err(Error::input("reset_state: the state was made by a model split over other ranks"));
+        }
+        self.peers.iter().zip(&mut state.peers).try_for_each(|(m, s)| m.reset_state(s))
     }
 }

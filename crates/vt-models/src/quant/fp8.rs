@@ -23,7 +23,7 @@ use crate::loader::Loader;
 #[derive(Debug)]
 pub struct Fp8Config {
     /// `[bn, bk]`.
-    block: [usize; 2],
+    pub(super) block: [usize; 2],
     /// Modules kept in high precision.
     skip: Vec<Rule>,
 }
@@ -111,7 +111,7 @@ impl Fp8Config {
             return Err(Error::tensor(scales.name, format!("the scale of block [{r}, {c}] is {s}, not finite")));
         }
         let bytes: Vec<u8> = f32s.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let scales_t = ld.backend.upload(DType::F32, &shape, &bytes)?;
+        let scales_t = ld.place(DType::F32, &shape, &bytes)?;
         ld.count_read(scales.bytes.len());
         Ok(Some(Weight::Fp8(Fp8Block {
             values: ld.upload(DType::F8E4M3, &[n, k], values.bytes)?,

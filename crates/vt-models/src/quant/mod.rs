@@ -9,7 +9,7 @@ mod pattern;
 
 use serde_json::Value;
 use vt_core::checkpoint::Checkpoint;
-use vt_core::{Backend, Result, Weight};
+use vt_core::{Backend, Result, Weight, NVFP4_GROUP};
 
 use crate::loader::Loader;
 use config::Ctx;
@@ -49,6 +49,26 @@ impl QuantConfig {
         match self {
             QuantConfig::Nvfp4(c) => c.weight(ld, module, n, k),
             QuantConfig::Fp8(c) => c.weight(ld, module, n, k),
+        }
+    }
+}
+
+impl QuantConfig {
+    /// The smallest step a tensor-parallel cut of a weight's rows or columns can take: an NVFP4
+    /// scale group, or a multiple of both sides of an FP8 block.
+    pub fn split_unit(&self) -> usize {
+        match self {
+            QuantConfig::Nvfp4(_) => NVFP4_GROUP,
+            QuantConfig::Fp8(c) => {
+                let [a, b] = c.block;
+                let gcd = |mut x: usize, mut y: usize| {
+                    while y != 0 {
+                        (x, y) = (y, x % y);
+                    }
+                    x
+                };
+                a / gcd(a, b).max(1) * b
+            }
         }
     }
 }

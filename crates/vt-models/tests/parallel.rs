@@ -1,0 +1,38 @@
+//! Tensor parallelism on CPU ranks (threads over the host communicator): every fixture split over
+//! 1, 2 and 4 ranks against the model alone (vt-test-support's `parallel` bodies).
+
+use std::sync::Arc;
+
+use vt_core::{Communicator, HostComm};
+use vt_cpu::{AllocMode, CpuBackend};
+use vt_models::Comms;
+use vt_test_support::parallel::split_matches_alone;
+
+fn host_comms(backends: &[CpuBackend]) -> Comms<CpuBackend> {
+    let group = HostComm::group(backends.len()).unwrap();
+    group.into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator<CpuBackend>>).collect()
+}
+
+fn arenas(n: usize) -> Vec<CpuBackend> {
+    (0..n).map(|_| CpuBackend::with_mode(AllocMode::PlacementArena)).collect()
+}
+
+/// One rank reads every weight whole (no cut) and exchanges nothing but its own values: the bits
+/// of the model alone.
+#[test]
+fn one_rank_computes_the_model_alone_bit_for_bit() {
+    split_matches_alone(&CpuBackend::new(), &[1], None, &[], arenas, host_comms);
+}
+
+/// Split over 2 and 4 ranks. Column-split projections, attention and the delta rule per head, and
+/// the vocabulary-split logits compute each value as alone; only the row-split output projections
+/// sum in another order (each rank's part, then the ranks in order), so the logits differ by f32
+/// rounding: within the CPU tolerance, 1e-3. Refused, with an error that says why: laguna_a's
+/// last layer has 2 query heads, which 4 ranks cannot each get one of; qwen35moe_fp8's delta-net
+/// key heads are 16 wide in FP8 blocks of 32, so no rank's part of them starts on a block.
+#[test]
+fn two_and_four_ranks_compute_what_one_does() {
+    let refused = [("laguna_a", 4), ("qwen35moe_fp8", 2), ("qwen35moe_fp8", 4)];
+    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], Some(1e-3), &refused, arenas, host_comms);
+    assert_eq!(seen.len(), 17, "{seen:?}");
+}

@@ -1,0 +1,117 @@
+//! The tensor-parallel bodies, generic over the backend: every committed fixture split over ranks
+//! computes what it computes alone (full forward, prefill then decode, a batched step), and each
+//! rank's memory goes back to where it was when the split model and its states are dropped, cycle
+//! after cycle in the same (placement-arena) memory. vt-models' tests/parallel.rs runs them on CPU
+//! ranks over the host communicator; the GPU suite on CUDA devices over NCCL.
+
+use vt_core::backend::Backend;
+use vt_core::checkpoint::Checkpoint;
+use vt_models::{Comms, Logits, Model};
+
+use crate::{all_fixtures, max_abs_diff, Reference};
+
+fn name(dir: &std::path::Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// What a model computes over a fixture's reference: the logits of a full forward, of a prefill
+/// then one decode step per continuation token, and of one batched step of two sequences.
+fn run_fixture<B: Backend>(m: &Model<B>, r: &Reference) -> Vec<f32> {
+    let b = m.backend();
+    let seq = r.sequence();
+    let mut out = Vec::new();
+    let mut st = m.new_state(seq.len()).unwrap();
+    out.extend(b.to_f32(&m.forward(&seq, &mut st, Logits::All).unwrap()).unwrap());
+    let mut st = m.new_state(seq.len()).unwrap();
+    let t = r.prompt_ids.len();
+    out.extend(b.to_f32(&m.forward(&r.prompt_ids, &mut st, Logits::Last).unwrap()).unwrap());
+    for &id in &seq[t..] {
+        out.extend(b.to_f32(&m.forward(&[id], &mut st, Logits::Last).unwrap()).unwrap());
+    }
+    let pool = m.new_pool(&m.pool_config(2, seq.len(), seq.len())).unwrap();
+    let (mut s1, mut s2) = (pool.new_state().unwrap(), pool.new_state().unwrap());
+    m.forward(&seq[..2], &mut s2, Logits::Last).unwrap();
+    let mut batch = [(&r.prompt_ids[..], &mut s1), (&seq[2..3], &mut s2)];
+    out.extend(b.to_f32(&m.forward_batch(&mut batch).unwrap()).unwrap());
+    out
+}
+
+/// Every fixture split over each of `rank_counts` ranks, on `backends(n)` (kept across cycles) and
+/// `comms` (a new group per load), against `alone` (the model on one backend): logits within `tol`
+/// (`None`: bit for bit), except for the `refused` (fixture, ranks) pairs, which must fail to load
+/// with an error that says why. Each split runs `cycles` build/run/drop cycles on the same
+/// backends: every cycle computes the same bits and ends with every rank's memory where it began.
+/// Returns each pair's max |Δlogit|.
+pub fn split_matches_alone<B: Backend>(
+    alone: &B,
+    rank_counts: &[usize],
+    tol: Option<f32>,
+    refused: &[(&str, usize)],
+    backends: impl Fn(usize) -> Vec<B>,
+    comms: impl Fn(&[B]) -> Comms<B>,
+) -> Vec<(String, usize, f32)> {
+    let mut seen = Vec::new();
+    for dir in all_fixtures() {
+        let r = Reference::load(&dir);
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let (want, alone_bytes) = {
+            let before = alone.memory().bytes_live;
+            let m = Model::load(alone, &dir).unwrap();
+            (run_fixture(&m, &r), alone.memory().bytes_live - before)
+        };
+        for &n in rank_counts {
+            let bs = backends(n);
+            let baseline: Vec<_> = bs.iter().map(|b| b.memory()).collect();
+            let mut first: Option<Vec<f32>> = None;
+            for cycle in 0..2 {
+                let m = match Model::load_ranks(&bs, &ckpt, comms(&bs), false) {
+                    Ok(m) => m,
+                    Err(e) if refused.contains(&(name(&dir).as_str(), n)) => {
+                        let e = e.to_string();
+                        assert!(e.contains("tensor parallelism") && e.contains("rank"), "{}: {e}", name(&dir));
+                        println!("{} over {n} ranks: refused: {e}", name(&dir));
+                        break;
+                    }
+                    Err(e) => panic!("{} over {n} ranks: {e}", name(&dir)),
+                };
+                assert!(!refused.contains(&(name(&dir).as_str(), n)), "{} over {n} ranks loaded", name(&dir));
+                assert_eq!(m.ranks(), n);
+                for (rank, b) in bs.iter().enumerate() {
+                    let held = b.memory().bytes_live - baseline[rank].bytes_live;
+                    assert!(
+                        n == 1 || held < alone_bytes,
+                        "{} rank {rank} of {n} holds {held} bytes, alone {alone_bytes}",
+                        name(&dir)
+                    );
+                }
+                let got = run_fixture(&m, &r);
+                drop(m);
+                for (rank, b) in bs.iter().enumerate() {
+                    let (now, then) = (b.memory(), baseline[rank]);
+                    assert_eq!(
+                        (now.bytes_live, now.blocks_live),
+                        (then.bytes_live, then.blocks_live),
+                        "{} over {n} ranks, cycle {cycle}: rank {rank}'s memory did not go back",
+                        name(&dir)
+                    );
+                }
+                let d = max_abs_diff(&got, &want);
+                match tol {
+                    None => {
+                        assert!(got == want, "{} over {n} ranks: not bit-identical (max |dlogit| {d:e})", name(&dir))
+                    }
+                    Some(tol) => assert!(d <= tol, "{} over {n} ranks: max |dlogit| {d:e} > {tol:e}", name(&dir)),
+                }
+                match &first {
+                    None => {
+                        println!("{} over {n} ranks: max |dlogit| against one rank = {d:.3e}", name(&dir));
+                        seen.push((name(&dir), n, d));
+                        first = Some(got);
+                    }
+                    Some(f) => assert!(*f == got, "{} over {n} ranks: cycle {cycle} computed other bits", name(&dir)),
+                }
+            }
+        }
+    }
+    seen
+}
