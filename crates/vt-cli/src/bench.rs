@@ -20,6 +20,8 @@ use vt::{
     SamplingParams, SeqId,
 };
 
+use crate::ranks::Ranks;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadFormat {
     /// The checkpoint's safetensors.
@@ -52,19 +54,21 @@ fn config(dir: &Path, layers: Option<usize>) -> Result<Config> {
     Config::from_str(&path, &root.to_string())
 }
 
-/// The model of `dir`, from its weights or made up (`format`), cut to `layers` layers if given.
-pub fn load<B: Backend>(backend: &B, dir: &Path, format: LoadFormat, layers: Option<usize>) -> Result<Model<B>> {
+/// The model of `dir`, from its weights or made up (`format`), cut to `layers` layers if given,
+/// split over `ranks` where there are several.
+pub fn load<B: Backend>(ranks: &Ranks<B>, dir: &Path, format: LoadFormat, layers: Option<usize>) -> Result<Model<B>> {
     let config = config(dir, layers)?;
     let tensors = match format {
         LoadFormat::Auto => TensorStore::open_dir(dir)?,
         _ => TensorStore::open_files(dir, &[])?,
     };
     let ckpt = Checkpoint { dir: dir.to_path_buf(), config, tensors };
-    match format {
-        LoadFormat::Auto => Model::from_checkpoint(backend, &ckpt, &|_, _| {}),
-        LoadFormat::Dummy => Model::dummy(backend, &ckpt, DummyWeights { seed: 0, nvfp4: false }),
-        LoadFormat::DummyNvfp4 => Model::dummy(backend, &ckpt, DummyWeights { seed: 0, nvfp4: true }),
-    }
+    let dummy = match format {
+        LoadFormat::Auto => None,
+        LoadFormat::Dummy => Some(DummyWeights { seed: 0, nvfp4: false }),
+        LoadFormat::DummyNvfp4 => Some(DummyWeights { seed: 0, nvfp4: true }),
+    };
+    ranks.model(&ckpt, dummy, &|_, _| {})
 }
 
 /// Copy bandwidth (bytes read + written per second) of a 64M-element activation tensor (larger

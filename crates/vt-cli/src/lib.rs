@@ -1,6 +1,7 @@
 //! The `vt` command's library half: the OpenAI-compatible server (so tests can run it in-process)
-//! and the benchmark driver.
+//! the benchmark driver and the ranks a split model runs on.
 
 pub mod bench;
 pub mod hub;
+pub mod ranks;
 pub mod server;

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use vt::{Backend, Detokenizer, EngineConfig, EngineHandle, Logits, Model, SamplingParams, Tokenizer};
 use vt_cli::bench::{self, LoadFormat};
 use vt_cli::hub;
+use vt_cli::ranks::{self, Ranks};
 use vt_cli::server::{self, BodyLimits, ServerConfig, Transport};
 
 #[derive(Parser)]
@@ -40,6 +41,13 @@ struct ModelArgs {
     model: Option<String>,
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendKind,
+    /// Split the model over N ranks (tensor parallelism): N threads on the CPU, devices 0..N on
+    /// CUDA, each holding its part of every layer (docs/parallel.md).
+    #[arg(long, default_value_t = 1, value_parser = count(1, 64))]
+    tensor_parallel: usize,
+    /// Partition the routed experts across the ranks (expert parallelism; with --tensor-parallel).
+    #[arg(long)]
+    expert_parallel: bool,
 }
 
 #[derive(clap::Args)]
@@ -360,25 +368,29 @@ fn run(cli: Cli) -> AnyResult<()> {
         | Command::Serve { model, .. }
         | Command::Bench { model, .. } => model,
     };
+    let (n, ep) = (args.tensor_parallel, args.expert_parallel);
     match args.backend {
-        BackendKind::Cpu => run_on(&vt::CpuBackend::new(), &cli),
+        BackendKind::Cpu => run_on(&ranks::cpu(n, ep)?, &cli),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => run_on(&vt::CudaBackend::new()?, &cli),
+        BackendKind::Cuda if n == 1 => run_on(&ranks::single(vt::CudaBackend::new()?, 1, "cuda")?, &cli),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => run_on(&ranks::cuda(n, ep)?, &cli),
         #[cfg(not(feature = "cuda"))]
         BackendKind::Cuda => Err("this build has no CUDA backend (build vt with --features cuda)".into()),
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => {
             let b = vt::WgpuBackend::new()?;
             eprintln!("wgpu adapter: {}", b.adapter());
-            run_on(&b, &cli)
+            run_on(&ranks::single(b, n, "wgpu")?, &cli)
         }
         #[cfg(not(feature = "wgpu"))]
         BackendKind::Wgpu => Err("this build has no wgpu backend (build vt with --features wgpu)".into()),
     }
 }
 
-/// Loads the weights with a progress bar (bytes uploaded) on a terminal.
-fn load<B: Backend>(backend: &B, args: &ModelArgs) -> AnyResult<(Model<B>, PathBuf)> {
+/// Loads the weights with a progress bar (bytes uploaded) on a terminal; split over the ranks
+/// where there are several.
+fn load<B: Backend>(ranks: &Ranks<B>, args: &ModelArgs) -> AnyResult<(Model<B>, PathBuf)> {
     let dir = model_dir(args.model.as_deref())?;
     let bar = indicatif::ProgressBar::new(0)
         .with_style(
@@ -387,9 +399,11 @@ fn load<B: Backend>(backend: &B, args: &ModelArgs) -> AnyResult<(Model<B>, PathB
                 .progress_chars("=> "),
         )
         .with_message(format!("loading {}", dir.display()));
-    let model = Model::load_with_progress(backend, &dir, &|done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
+    let model = vt::checkpoint::Checkpoint::open(&dir).and_then(|ckpt| {
+        ranks.model(&ckpt, None, &|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
     });
     bar.finish_and_clear();
     let model = model?;
@@ -407,13 +421,14 @@ fn stop_ids<B: Backend>(m: &Model<B>, tok: &Tokenizer) -> Vec<u32> {
     tok.eos_id().into_iter().chain(m.spec().eos_token_ids.iter().copied()).collect()
 }
 
-fn run_on<B: Backend>(backend: &B, cli: &Cli) -> AnyResult<()>
+fn run_on<B: Backend>(ranks: &Ranks<B>, cli: &Cli) -> AnyResult<()>
 where
     Model<B>: Send,
 {
+    let backend = ranks.first();
     match &cli.command {
         Command::Logits { model, prompt_ids, out } => {
-            let (m, dir) = load(backend, model)?;
+            let (m, dir) = load(ranks, model)?;
             check_fits(prompt_ids.len(), 0, context(&dir)?)?;
             let mut state = m.new_state(prompt_ids.len())?;
             let logits = backend.to_f32(&m.forward(prompt_ids, &mut state, Logits::All)?)?;
@@ -424,7 +439,7 @@ where
             Ok(())
         }
         Command::Generate { model, prompt, prompt_ids, max_new_tokens, sample, json, speculative_tokens } => {
-            let (m, dir) = load(backend, model)?;
+            let (m, dir) = load(ranks, model)?;
             let ctx = context(&dir)?;
             let mut opts = vt::GenerateOptions {
                 max_new_tokens: *max_new_tokens,
@@ -478,7 +493,7 @@ where
             Ok(())
         }
         Command::Chat { model, max_new_tokens, sample } => {
-            let (m, dir) = load(backend, model)?;
+            let (m, dir) = load(ranks, model)?;
             let tok = tokenizer(&dir)?;
             let opts = vt::GenerateOptions {
                 max_new_tokens: *max_new_tokens,
@@ -488,7 +503,7 @@ where
             chat::run(&m, &tok, opts, context(&dir)?)
         }
         Command::Serve { model, serve, engine, agent } => {
-            let (m, dir) = load(backend, model)?;
+            let (m, dir) = load(ranks, model)?;
             let ctx = context(&dir)?;
             let max_context = match engine.max_model_len {
                 Some(n) if n > ctx => {
@@ -547,7 +562,7 @@ where
             speculative_tokens,
         } => {
             let dir = model_dir(model.model.as_deref())?;
-            let mut m = bench::load(backend, &dir, *load_format, *num_layers)?;
+            let mut m = bench::load(ranks, &dir, *load_format, *num_layers)?;
             m.set_recorded_decode(!*unrecorded);
             if let Some(prefix_len) = *shared_prefix {
                 let w = bench::MultiTurn {

@@ -106,12 +106,18 @@ pub struct Expert<B: Device> {
 }
 
 /// The routed experts of one MoE layer, with the state a backend derives from all of them
-/// (expert tables, repacked layouts) in `resident`.
+/// (expert tables, repacked layouts) in `resident`: all of the layer's, or under expert
+/// parallelism one rank's part, experts `first..first + experts.len()` of the `routed` its router
+/// chooses among.
 pub struct MoeExperts<B: Device> {
     pub experts: Vec<Expert<B>>,
     pub hidden: usize,
     pub intermediate: usize,
     pub resident: ResidentSlot<B>,
+    /// The layer's index of `experts[0]`.
+    pub first: usize,
+    /// How many experts the router chooses among (the layer's).
+    pub routed: usize,
 }
 
 impl<B: Device> MoeExperts<B> {
@@ -137,7 +143,26 @@ impl<B: Device> MoeExperts<B> {
             }
         }
         let resident = ResidentSlot::new(backend, first.gate.storage_addr(backend));
-        Ok(MoeExperts { experts, hidden, intermediate, resident })
+        let routed = experts.len();
+        Ok(MoeExperts { experts, hidden, intermediate, resident, first: 0, routed })
+    }
+
+    /// These experts as experts `first..` of a layer of `routed` (a rank's part under expert
+    /// parallelism): a token's choices outside them add nothing here.
+    pub fn part_of(mut self, first: usize, routed: usize, name: &str) -> Result<Self> {
+        if first + self.experts.len() > routed {
+            return Err(Error::tensor(
+                name,
+                format!("experts {first}..{} of a layer of {routed}", first + self.experts.len()),
+            ));
+        }
+        (self.first, self.routed) = (first, routed);
+        Ok(self)
+    }
+
+    /// Whether these are all of the layer's experts.
+    pub fn is_whole(&self) -> bool {
+        self.first == 0 && self.routed == self.experts.len()
     }
 }
 

@@ -172,6 +172,7 @@ impl Ops for CudaBackend {
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
         args::moe(self, x, router, experts)?;
+        args::whole_experts(self, experts, "moe")?;
         if moe::grouped::fits(x, router, experts) {
             return moe::grouped::moe(self, x, router, experts);
         }
@@ -236,6 +237,7 @@ impl FusedOps for CudaBackend {
         shared: Option<&SharedExpert<'_, Self>>,
     ) -> Result<Tensor<Self>> {
         args::moe(self, x, router, experts)?;
+        args::whole_experts(self, experts, "moe_block")?;
         if moe::decode::fits(self, x, router, experts, shared) {
             return moe::decode::moe_block(self, x, router, experts, shared);
         }

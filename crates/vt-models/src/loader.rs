@@ -71,7 +71,8 @@ impl Cut {
 
     /// Whether the cut keeps everything (one rank).
     fn is_whole(&self) -> bool {
-        self.rows == [0..self.out] && self.cols.as_ref().is_none_or(|c| *c == (0..self.inp))
+        matches!(self.rows.as_slice(), [r] if *r == (0..self.out))
+            && self.cols.as_ref().is_none_or(|c| *c == (0..self.inp))
     }
 
     /// The shape the cut leaves of `[out, inp]`.
@@ -283,16 +284,15 @@ impl<'a, B: Backend> Loader<'a, B> {
         Linear::new(self.backend, self.weight(base, out, inp)?)
     }
 
-    /// A rank's part of `base` `[out, inp]`: the output rows of `rows`, and the input columns of
-    /// `cols` where set.
-    pub fn linear_cut(
-        &self,
-        base: &str,
-        [out, inp]: [usize; 2],
-        rows: &[Range<usize>],
-        cols: Option<Range<usize>>,
-    ) -> Result<Linear<B>> {
-        let cut = Cut { name: base.into(), out, inp, rows: rows.to_vec(), cols };
+    /// A rank's output rows of `base` `[out, inp]` (the ranges of `rows`, concatenated).
+    pub fn linear_rows(&self, base: &str, [out, inp]: [usize; 2], rows: &[Range<usize>]) -> Result<Linear<B>> {
+        let cut = Cut { name: base.into(), out, inp, rows: rows.to_vec(), cols: None };
+        self.with_cut(cut, || self.linear(base, out, inp))
+    }
+
+    /// A rank's input columns `cols` of `base` `[out, inp]`, every row.
+    pub fn linear_cols(&self, base: &str, [out, inp]: [usize; 2], cols: Range<usize>) -> Result<Linear<B>> {
+        let cut = Cut { name: base.into(), out, inp, rows: std::iter::once(0..out).collect(), cols: Some(cols) };
         self.with_cut(cut, || self.linear(base, out, inp))
     }
 
@@ -319,18 +319,24 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// Routed experts stored per expert (`{base}.{e}.gate_proj.weight`, ...) or stacked
-    /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`): of each expert, the
-    /// hidden units `part` of its `inter` (a tensor-parallel rank's; `0..inter` for all).
+    /// (`{base}.gate_up_proj` `[E, 2I, H]`, `{base}.down_proj` `[E, H, I]`): experts `ids` of the
+    /// layer's `num`, and of each the hidden units `part` of its `inter` (a tensor- or
+    /// expert-parallel rank's part; `0..num` and `0..inter` for all).
     pub fn experts(
         &self,
         base: &str,
-        num: usize,
-        hidden: usize,
-        inter: usize,
+        [num, hidden, inter]: [usize; 3],
+        ids: Range<usize>,
         part: Range<usize>,
     ) -> Result<MoeExperts<B>> {
         let rows = |out, inp| Cut { name: base.into(), out, inp, rows: vec![part.clone()], cols: None };
-        let cols = |out, inp| Cut { name: base.into(), out, inp, rows: vec![0..out], cols: Some(part.clone()) };
+        let cols = |out, inp| Cut {
+            name: base.into(),
+            out,
+            inp,
+            rows: std::iter::once(0..out).collect(),
+            cols: Some(part.clone()),
+        };
         let stacked = format!("{base}.gate_up_proj");
         let experts = if self.dummy.is_none() && self.has(&stacked) {
             let gate_up = self.get(&stacked)?;
@@ -351,7 +357,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             }
             let (gu_bytes, d_bytes) = (gate_up.bytes.len() / num, down.bytes.len() / num);
             let half = gu_bytes / 2;
-            (0..num)
+            ids.clone()
                 .map(|e| {
                     let gu = &gate_up.bytes[e * gu_bytes..(e + 1) * gu_bytes];
                     let d = &down.bytes[e * d_bytes..(e + 1) * d_bytes];
@@ -368,7 +374,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
-            (0..num)
+            ids.clone()
                 .map(|e| {
                     let up_rows = |name| {
                         self.with_cut(rows(inter, hidden), || self.weight(&format!("{base}.{e}.{name}"), inter, hidden))
@@ -383,7 +389,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 })
                 .collect::<Result<Vec<_>>>()?
         };
-        MoeExperts::new(self.backend, base, experts, hidden, part.len())
+        MoeExperts::new(self.backend, base, experts, hidden, part.len())?.part_of(ids.start, num, base)
     }
 }
 

@@ -1,5 +1,5 @@
-//! Tensor parallelism on CPU ranks (threads over the host communicator): every fixture split over
-//! 1, 2 and 4 ranks against the model alone (vt-test-support's `parallel` bodies).
+//! Tensor and expert parallelism on CPU ranks (threads over the host communicator): every fixture
+//! split over 1, 2 and 4 ranks against the model alone (vt-test-support's `parallel` bodies).
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ fn arenas(n: usize) -> Vec<CpuBackend> {
 /// of the model alone.
 #[test]
 fn one_rank_computes_the_model_alone_bit_for_bit() {
-    split_matches_alone(&CpuBackend::new(), &[1], None, &[], arenas, host_comms);
+    split_matches_alone(&CpuBackend::new(), &[1], false, None, &[], arenas, host_comms);
 }
 
 /// Split over 2 and 4 ranks. Column-split projections, attention and the delta rule per head, and
@@ -32,7 +32,19 @@ fn one_rank_computes_the_model_alone_bit_for_bit() {
 /// key heads are 16 wide in FP8 blocks of 32, so no rank's part of them starts on a block.
 #[test]
 fn two_and_four_ranks_compute_what_one_does() {
-    let refused = [("laguna_a", 4), ("qwen35moe_fp8", 2), ("qwen35moe_fp8", 4)];
-    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], Some(1e-3), &refused, arenas, host_comms);
+    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], false, Some(1e-3), &REFUSED, arenas, host_comms);
     assert_eq!(seen.len(), 17, "{seen:?}");
 }
+
+/// Mixers and dense blocks split as above; routed experts partitioned whole across the ranks
+/// (each rank routes every token over all experts and runs those it holds; the all-reduce after
+/// the block sums the ranks' experts). The routed sum is reassociated by rank, like the output
+/// projections: within 1e-3.
+#[test]
+fn expert_parallel_ranks_compute_what_one_does() {
+    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], true, Some(1e-3), &REFUSED, arenas, host_comms);
+    assert_eq!(seen.len(), 17, "{seen:?}");
+}
+
+/// What 2 and 4 ranks refuse to load, each with an error that says why (see above).
+const REFUSED: [(&str, usize); 3] = [("laguna_a", 4), ("qwen35moe_fp8", 2), ("qwen35moe_fp8", 4)];

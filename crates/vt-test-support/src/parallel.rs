@@ -36,15 +36,18 @@ fn run_fixture<B: Backend>(m: &Model<B>, r: &Reference) -> Vec<f32> {
     out
 }
 
-/// Every fixture split over each of `rank_counts` ranks, on `backends(n)` (kept across cycles) and
-/// `comms` (a new group per load), against `alone` (the model on one backend): logits within `tol`
+/// Every fixture split over each of `rank_counts` ranks (routed experts partitioned by expert with
+/// `expert_parallel`, else by hidden unit), on `backends(n)` (kept across cycles) and `comms` (a
+/// new group per load), against `alone` (the model on one backend): logits within `tol`
 /// (`None`: bit for bit), except for the `refused` (fixture, ranks) pairs, which must fail to load
 /// with an error that says why. Each split runs `cycles` build/run/drop cycles on the same
 /// backends: every cycle computes the same bits and ends with every rank's memory where it began.
 /// Returns each pair's max |Δlogit|.
+#[allow(clippy::too_many_arguments)]
 pub fn split_matches_alone<B: Backend>(
     alone: &B,
     rank_counts: &[usize],
+    expert_parallel: bool,
     tol: Option<f32>,
     refused: &[(&str, usize)],
     backends: impl Fn(usize) -> Vec<B>,
@@ -64,7 +67,7 @@ pub fn split_matches_alone<B: Backend>(
             let baseline: Vec<_> = bs.iter().map(|b| b.memory()).collect();
             let mut first: Option<Vec<f32>> = None;
             for cycle in 0..2 {
-                let m = match Model::load_ranks(&bs, &ckpt, comms(&bs), false) {
+                let m = match Model::load_ranks(&bs, &ckpt, comms(&bs), expert_parallel) {
                     Ok(m) => m,
                     Err(e) if refused.contains(&(name(&dir).as_str(), n)) => {
                         let e = e.to_string();

@@ -492,6 +492,7 @@ impl Ops for WgpuBackend {
 
     fn moe(&self, x: &Tensor<Self>, router: &Router<Self>, experts: &MoeExperts<Self>) -> Result<Tensor<Self>> {
         let dims = check::moe(self, x, router, experts)?;
+        check::whole_experts(self, experts, "moe")?;
         let table = self.expert_table(experts)?;
         moe::moe(self, x, router, table, &dims)
     }

@@ -30,13 +30,13 @@ pub use generate::{generate, generate_speculative, generate_with, GenerateOption
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs, Verdict};
 pub use speculative::{Draft, Drafter, NgramDrafter, Observation, Proposal, SeqId};
 pub use text::{ChatMessage, ChatPrompt, Detokenizer, StopStrings, Tokenizer};
-pub use vt_core::{checkpoint, Backend, DType, Error, MemoryStats, Result};
-pub use vt_models::{DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
+pub use vt_core::{checkpoint, Backend, Communicator, DType, Error, HostComm, MemoryStats, Result};
+pub use vt_models::{Comms, DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
 
 #[cfg(feature = "cpu")]
 pub use vt_cpu::{AllocMode, CpuBackend};
 #[cfg(feature = "cuda")]
-pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend};
+pub use vt_cuda::{AllocMode as CudaAllocMode, CudaBackend, NcclComm};
 #[cfg(feature = "wgpu")]
 pub use vt_wgpu::{AllocMode as WgpuAllocMode, WgpuBackend};
 

@@ -239,7 +239,10 @@ pub struct MoeDims {
 /// correction bias of one value per expert and a positive softcap where the router has them.
 pub fn moe<B: Device>(b: &B, x: &Tensor<B>, router: &Router<B>, experts: &MoeExperts<B>) -> Result<MoeDims> {
     let op = "moe";
-    let (hidden, n_exp) = (experts.hidden, experts.experts.len());
+    let (hidden, n_exp) = (experts.hidden, experts.routed);
+    ensure(b, experts.first + experts.experts.len() <= n_exp, op, || {
+        format!("experts {}..{} of a layer of {n_exp}", experts.first, experts.first + experts.experts.len())
+    })?;
     let (out, inp) = router.weight.weight.dims();
     ensure(b, x.last_dim() == hidden && out == n_exp && inp == hidden, op, || {
         format!("input {:?}, router [{out}, {inp}], {n_exp} experts of hidden {hidden}", x.shape())
@@ -255,6 +258,19 @@ pub fn moe<B: Device>(b: &B, x: &Tensor<B>, router: &Router<B>, experts: &MoeExp
         })?;
     }
     Ok(MoeDims { hidden, intermediate: experts.intermediate, experts: n_exp, top_k })
+}
+
+/// A backend whose MoE kernels index every expert of a layer: an error for one rank's part
+/// (expert parallelism), naming the op.
+pub fn whole_experts<B: Device>(b: &B, experts: &MoeExperts<B>, op: &str) -> Result<()> {
+    ensure(b, experts.is_whole(), op, || {
+        format!(
+            "experts {}..{} of {} (expert parallelism) are not supported by this backend yet",
+            experts.first,
+            experts.first + experts.experts.len(),
+            experts.routed
+        )
+    })
 }
 
 impl<B: Device> GdnInputs<'_, B> {

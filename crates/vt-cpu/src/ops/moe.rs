@@ -88,7 +88,8 @@ pub fn route(logits: &[f32], kind: &RouterKind, bias: Option<&[f32]>) -> Vec<(us
     }
 }
 
-/// Routed experts for `x` `[t, hidden]` given router logits `[t, num_experts]`.
+/// Routed experts for `x` `[t, hidden]` given router logits `[t, experts.routed]`: of each token's
+/// choices, those among `experts` (all, or a rank's part).
 pub fn moe(
     x: &[f32],
     t: usize,
@@ -98,14 +99,16 @@ pub fn moe(
     experts: &MoeExperts<CpuBackend>,
     table: &CpuExpertTable,
 ) -> Vec<f32> {
-    let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
+    let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.routed);
     let routes: Vec<Vec<(usize, f32)>> =
         (0..t).map(|i| route(&router_logits[i * n_exp..(i + 1) * n_exp], &router.kind, bias)).collect();
-    // Tokens of each expert, in token order.
-    let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
+    // Tokens of each of these experts, in token order.
+    let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts.experts.len()];
     for (i, r) in routes.iter().enumerate() {
         for &(e, w) in r {
-            assigned[e].push((i, w));
+            if let Some(mine) = e.checked_sub(experts.first).and_then(|e| assigned.get_mut(e)) {
+                mine.push((i, w));
+            }
         }
     }
     let outputs: Vec<Vec<f32>> = assigned

@@ -33,17 +33,17 @@ impl<B: Backend> Attention<B> {
         let g_proj = match s.gate {
             AttnGate::Softplus { per_head } => {
                 let per = if per_head { 1 } else { d };
-                Some(ld.linear_cut(&format!("{a}.g_proj"), [s.q_heads * per, h], &[scaled(&heads.q, per)], None)?)
+                Some(ld.linear_rows(&format!("{a}.g_proj"), [s.q_heads * per, h], &[scaled(&heads.q, per)])?)
             }
             _ => None,
         };
-        let kv = |name: &str| ld.linear_cut(&format!("{a}.{name}"), [s.kv_heads * d, h], &[scaled(&heads.kv, d)], None);
+        let kv = |name: &str| ld.linear_rows(&format!("{a}.{name}"), [s.kv_heads * d, h], &[scaled(&heads.kv, d)]);
         Ok(Attention {
             spec: AttnSpec { q_heads: heads.q.len(), kv_heads: heads.kv.len(), ..s.clone() },
-            q_proj: ld.linear_cut(&format!("{a}.q_proj"), [s.q_heads * q_per, h], &[scaled(&heads.q, q_per)], None)?,
+            q_proj: ld.linear_rows(&format!("{a}.q_proj"), [s.q_heads * q_per, h], &[scaled(&heads.q, q_per)])?,
             k_proj: kv("k_proj")?,
             v_proj: kv("v_proj")?,
-            o_proj: ld.linear_cut(&format!("{a}.o_proj"), [h, s.q_heads * d], &[0..h], Some(scaled(&heads.q, d)))?,
+            o_proj: ld.linear_cols(&format!("{a}.o_proj"), [h, s.q_heads * d], scaled(&heads.q, d))?,
             q_norm: ld.float(&format!("{a}.q_norm.weight"), &[s.head_dim])?,
             k_norm: ld.float(&format!("{a}.k_norm.weight"), &[s.head_dim])?,
             g_proj,

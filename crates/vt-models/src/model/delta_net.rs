@@ -34,21 +34,21 @@ impl<B: Backend> DeltaNet<B> {
         let heads = shard.heads(s.value_heads, s.key_heads, &a)?;
         let (keys, values) = (scaled(&heads.kv, s.key_dim), scaled(&heads.q, s.value_dim));
         let qkv = [keys.clone(), offset(&keys, key_total), offset(&values, 2 * key_total)];
-        let rows = |name: &str, out: usize, r: &[std::ops::Range<usize>]| {
-            ld.linear_cut(&format!("{a}.{name}"), [out, h], r, None)
-        };
-        let per_head = |name: &str| ld.float_rows(&format!("{a}.{name}"), &[s.value_heads], &[heads.q.clone()]);
+        let rows =
+            |name: &str, out: usize, r: &[std::ops::Range<usize>]| ld.linear_rows(&format!("{a}.{name}"), [out, h], r);
+        let per_head =
+            |name: &str| ld.float_rows(&format!("{a}.{name}"), &[s.value_heads], std::slice::from_ref(&heads.q));
         Ok(DeltaNet {
             spec: GdnSpec { key_heads: heads.kv.len(), value_heads: heads.q.len(), ..s.clone() },
             in_proj_qkv: rows("in_proj_qkv", 2 * key_total + value_total, &qkv)?,
-            in_proj_z: rows("in_proj_z", value_total, &[values.clone()])?,
-            in_proj_b: rows("in_proj_b", s.value_heads, &[heads.q.clone()])?,
-            in_proj_a: rows("in_proj_a", s.value_heads, &[heads.q.clone()])?,
+            in_proj_z: rows("in_proj_z", value_total, std::slice::from_ref(&values))?,
+            in_proj_b: rows("in_proj_b", s.value_heads, std::slice::from_ref(&heads.q))?,
+            in_proj_a: rows("in_proj_a", s.value_heads, std::slice::from_ref(&heads.q))?,
             conv: ld.float_rows(&format!("{a}.conv1d.weight"), &[s.conv_channels(), s.conv_kernel], &qkv)?,
             a_log: per_head("A_log")?,
             dt_bias: per_head("dt_bias")?,
             norm: ld.float(&format!("{a}.norm.weight"), &[s.value_dim])?,
-            out_proj: ld.linear_cut(&format!("{a}.out_proj"), [h, value_total], &[0..h], Some(values))?,
+            out_proj: ld.linear_cols(&format!("{a}.out_proj"), [h, value_total], values)?,
         })
     }
 

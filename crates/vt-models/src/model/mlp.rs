@@ -23,11 +23,11 @@ impl<B: Backend> Mlp<B> {
         if part.is_empty() {
             return Ok(None);
         }
-        let rows = |name: &str| ld.linear_cut(&format!("{p}.{name}"), [inter, h], &[part.clone()], None);
+        let rows = |name: &str| ld.linear_rows(&format!("{p}.{name}"), [inter, h], std::slice::from_ref(&part));
         Ok(Some(Mlp {
             gate: rows("gate_proj")?,
             up: rows("up_proj")?,
-            down: ld.linear_cut(&format!("{p}.down_proj"), [h, inter], &[0..h], Some(part.clone()))?,
+            down: ld.linear_cols(&format!("{p}.down_proj"), [h, inter], part.clone())?,
         }))
     }
 

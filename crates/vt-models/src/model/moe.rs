@@ -18,7 +18,8 @@ pub(super) struct MoeBlock<B: Backend> {
 
 impl<B: Backend> MoeBlock<B> {
     /// The `mlp` module at `p` (a layer's `{prefix}.mlp`) of a model of width `h`: the router
-    /// whole, and `shard`'s hidden units of every expert and of the shared expert.
+    /// whole, `shard`'s part of the routed experts (its experts whole under expert parallelism,
+    /// else its hidden units of every expert) and its hidden units of the shared expert.
     pub(super) fn load(ld: &Loader<B>, m: &MoeSpec, p: &str, h: usize, shard: &Shard) -> Result<Self> {
         let correction_bias = if m.correction_bias {
             let names = [format!("{p}.experts.e_score_correction_bias"), format!("{p}.gate.e_score_correction_bias")];
@@ -35,9 +36,13 @@ impl<B: Backend> MoeBlock<B> {
             kind: m.router.clone(),
             correction_bias,
         };
-        let part = hidden_units(ld, shard, m.intermediate);
-        let experts = (!part.is_empty())
-            .then(|| ld.experts(&format!("{p}.experts"), m.num_experts, h, m.intermediate, part))
+        let (ids, part) = match shard.expert_parallel {
+            true => (shard.even(m.num_experts), 0..m.intermediate),
+            false => (0..m.num_experts, hidden_units(ld, shard, m.intermediate)),
+        };
+        let dims = [m.num_experts, h, m.intermediate];
+        let experts = (!ids.is_empty() && !part.is_empty())
+            .then(|| ld.experts(&format!("{p}.experts"), dims, ids, part))
             .transpose()?;
         let (shared, shared_gate) = match m.shared {
             SharedExpert::None => (None, None),

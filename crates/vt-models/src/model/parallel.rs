@@ -57,9 +57,6 @@ impl<B: Backend> Model<B> {
                 comms.len()
             )));
         }
-        if expert_parallel {
-            return Err(Error::UnsupportedModel("expert parallelism is not implemented yet".into()));
-        }
         let loader = &loader;
         let mut models = thread::scope(|s| {
             let handles: Vec<_> = (backends.iter().zip(comms).enumerate())
@@ -183,5 +180,5 @@ pub(super) fn lm_head<B: Backend>(ld: &Loader<B>, spec: &ModelSpec, shard: &Shar
             shard.ranks, shard.rank, spec.vocab
         )));
     }
-    ld.linear_cut(&name, [spec.vocab, spec.hidden], &[rows], None).map(Some)
+    ld.linear_rows(&name, [spec.vocab, spec.hidden], &[rows]).map(Some)
 }
