@@ -46,12 +46,19 @@ else
         fi
     done
 fi
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    run parallel "$bin/parallel" --nocapture --test-threads=1 || status=1
+    run vt-generate-tp2 "$bin/vt" generate --backend cuda --tensor-parallel 2 --model fixtures/qwen35moe_text --prompt-ids 1,2,3,4 --max-new-tokens 8 --json || status=1
+else
+    say "== parallel: skipped (one GPU; tensor parallelism needs two)"
+fi
 run vt-generate "$bin/vt" generate --backend cuda --model fixtures/qwen35moe_text --prompt-ids 1,2,3,4 --max-new-tokens 8 --json || status=1
 run vt-logits "$bin/vt" logits --backend cuda --model fixtures/laguna_nvfp4 --prompt-ids 1,2,3,4 --out "$logs/logits.safetensors" || status=1
 tail -2 "$logs/vt-generate.log"
 
 echo "---- summary ----"
 grep -hE '^(op |fixture |.*cycles:)' "$logs"/ops.log "$logs"/parity.log "$logs"/recorded.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
+grep -hE '^.* over [0-9]+ ranks' "$logs"/parallel.log 2>/dev/null
 grep -hE 'panicked|FAILED' "$logs"/{ops,parity,recorded,lifetime}.log | head -20
 grep -hE "^thread '.*' panicked|^test .* FAILED" "$logs/lifetime-mutation.log" | head -8
 echo "---- results ----"

@@ -3,6 +3,7 @@
 //! collective is queued on its rank's backend stream, in order with that rank's kernels.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::sys as cu;
 use cudarc::nccl::{result as nccl, sys};
@@ -13,19 +14,37 @@ use crate::error::{check, driver_err, err};
 
 /// One rank's NCCL communicator, bound to the backend (device and stream) it was made for.
 pub struct NcclComm {
-    comm: sys::ncclComm_t,
     rank: usize,
-    ranks: usize,
     backend: CudaBackend,
+    group: Arc<Group>,
+}
+
+/// Every rank's communicator: an abort aborts them all (a rank whose peer stopped would wait in
+/// its collective kernels for ever), and the last rank dropped frees them.
+struct Group {
+    comms: Vec<sys::ncclComm_t>,
     aborted: AtomicBool,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time per communicator;
-// every use goes through `&self` methods that a rank's one thread calls in turn, and
-// `ncclCommAbort` is documented as callable from another thread to unblock a hung rank.
-unsafe impl Send for NcclComm {}
-// SAFETY: as for Send: the collectives of one rank come from its one thread.
-unsafe impl Sync for NcclComm {}
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time per communicator:
+// each rank's collectives come from that rank's one thread (`&self` methods it calls in turn), and
+// `ncclCommAbort` is meant to be called from another thread to unblock ranks stuck in collectives.
+unsafe impl Send for Group {}
+// SAFETY: as for Send.
+unsafe impl Sync for Group {}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.aborted.load(Ordering::Acquire) {
+            return; // ncclCommAbort freed them
+        }
+        for &c in &self.comms {
+            // SAFETY: a communicator `NcclComm::group` made, not aborted, freed once; its queued
+            // collectives finish first (ncclCommDestroy waits). A failure has no one to report to.
+            let _ = unsafe { nccl::comm_destroy(c) };
+        }
+    }
+}
 
 impl NcclComm {
     /// One communicator per backend, rank `i` on `backends[i]`; each backend on its own device.
@@ -41,24 +60,18 @@ impl NcclComm {
         // SAFETY: `comms` has room for one communicator per device of `ordinals`.
         unsafe { nccl::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) }
             .map_err(|e| err(format!("ncclCommInitAll over devices {ordinals:?}: {e:?}")))?;
-        let ranks = backends.len();
-        Ok(comms
-            .into_iter()
-            .zip(backends)
-            .enumerate()
-            .map(|(rank, (comm, b))| NcclComm {
-                comm,
-                rank,
-                ranks,
-                backend: b.clone(),
-                aborted: AtomicBool::new(false),
-            })
-            .collect())
+        let group = Arc::new(Group { comms, aborted: AtomicBool::new(false) });
+        let rank = |(rank, b): (usize, &CudaBackend)| NcclComm { rank, backend: b.clone(), group: group.clone() };
+        Ok(backends.iter().enumerate().map(rank).collect())
+    }
+
+    fn comm(&self) -> sys::ncclComm_t {
+        self.group.comms[self.rank]
     }
 
     /// The NCCL type of a tensor's elements, and its backend checked to be this rank's.
     fn prepare(&self, b: &CudaBackend, x: &Tensor<CudaBackend>, op: &str) -> Result<sys::ncclDataType_t> {
-        check(!self.aborted.load(Ordering::Acquire), op, || "the rank group was aborted".into())?;
+        check(!self.group.aborted.load(Ordering::Acquire), op, || "the rank group was aborted".into())?;
         check(b.ordinal() == self.backend.ordinal(), op, || {
             format!("rank {} is on device {}, the call on device {}", self.rank, self.backend.ordinal(), b.ordinal())
         })?;
@@ -71,21 +84,13 @@ impl NcclComm {
     }
 }
 
-impl Drop for NcclComm {
-    fn drop(&mut self) {
-        // SAFETY: the communicator `group` made, destroyed once; queued collectives finish first
-        // (ncclCommDestroy waits for them). A failure here has no one to report to.
-        let _ = unsafe { nccl::comm_destroy(self.comm) };
-    }
-}
-
 impl Communicator<CudaBackend> for NcclComm {
     fn rank(&self) -> usize {
         self.rank
     }
 
     fn ranks(&self) -> usize {
-        self.ranks
+        self.group.comms.len()
     }
 
     fn all_reduce_sum(&self, b: &CudaBackend, x: &Tensor<CudaBackend>) -> Result<Tensor<CudaBackend>> {
@@ -100,7 +105,7 @@ impl Communicator<CudaBackend> for NcclComm {
                 x.numel(),
                 ty,
                 sys::ncclRedOp_t::ncclSum,
-                self.comm,
+                self.comm(),
                 b.stream().cu_stream() as _,
             )
         }
@@ -120,7 +125,7 @@ impl Communicator<CudaBackend> for NcclComm {
         let widest = widths.iter().copied().max().unwrap_or(0);
         let padded = b.zeroed(x.dtype(), &[rows, widest])?;
         self.copy_2d(b, x.buffer().ptr(), cols * elem, padded.buffer().ptr(), widest * elem, cols * elem, rows)?;
-        let gathered = b.empty(x.dtype(), &[self.ranks, rows, widest])?;
+        let gathered = b.empty(x.dtype(), &[self.group.comms.len(), rows, widest])?;
         // SAFETY: `padded` holds rows * widest elements, `gathered` ranks times that; queued on
         // this rank's stream.
         unsafe {
@@ -129,7 +134,7 @@ impl Communicator<CudaBackend> for NcclComm {
                 gathered.buffer().ptr() as *mut _,
                 rows * widest,
                 ty,
-                self.comm,
+                self.comm(),
                 b.stream().cu_stream() as _,
             )
         }
@@ -146,11 +151,13 @@ impl Communicator<CudaBackend> for NcclComm {
     }
 
     fn abort(&self, _why: &str) {
-        if !self.aborted.swap(true, Ordering::AcqRel) {
-            // SAFETY: ncclCommAbort may be called while other threads wait in a collective on
-            // this communicator; it makes them return. The communicator stays allocated until
-            // drop (ncclCommDestroy after an abort is allowed and frees it).
-            let _ = unsafe { nccl::comm_abort(self.comm) };
+        if !self.group.aborted.swap(true, Ordering::AcqRel) {
+            for &c in &self.group.comms {
+                // SAFETY: ncclCommAbort stops a communicator's uncompleted collectives and frees
+                // it, from any thread; `aborted` (set first, once) keeps every later call and the
+                // group's drop from using it again.
+                let _ = unsafe { nccl::comm_abort(c) };
+            }
         }
     }
 }
@@ -159,7 +166,7 @@ impl NcclComm {
     /// Every rank's `cols`, in rank order.
     fn gather_widths(&self, b: &CudaBackend, cols: usize) -> Result<Vec<usize>> {
         let mine = b.upload_slice(&[cols as u32])?;
-        let all = b.buffer(4 * self.ranks)?;
+        let all = b.buffer(4 * self.group.comms.len())?;
         // SAFETY: `mine` holds one u32, `all` one per rank; queued on this rank's stream.
         unsafe {
             nccl::all_gather(
@@ -167,12 +174,12 @@ impl NcclComm {
                 all.ptr() as *mut _,
                 1,
                 sys::ncclDataType_t::ncclUint32,
-                self.comm,
+                self.comm(),
                 b.stream().cu_stream() as _,
             )
         }
         .map_err(|e| err(format!("ncclAllGather of widths: {e:?}")))?;
-        let mut widths = vec![0u32; self.ranks];
+        let mut widths = vec![0u32; self.group.comms.len()];
         b.copy_out(&mut widths, &all, "all_gather_cols")?;
         Ok(widths.into_iter().map(|w| w as usize).collect())
     }

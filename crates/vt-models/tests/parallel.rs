@@ -6,7 +6,7 @@ use std::sync::Arc;
 use vt_core::{Communicator, HostComm};
 use vt_cpu::{AllocMode, CpuBackend};
 use vt_models::Comms;
-use vt_test_support::parallel::split_matches_alone;
+use vt_test_support::parallel::{split_matches_alone, Tol};
 
 fn host_comms(backends: &[CpuBackend]) -> Comms<CpuBackend> {
     let group = HostComm::group(backends.len()).unwrap();
@@ -21,7 +21,7 @@ fn arenas(n: usize) -> Vec<CpuBackend> {
 /// of the model alone.
 #[test]
 fn one_rank_computes_the_model_alone_bit_for_bit() {
-    split_matches_alone(&CpuBackend::new(), &[1], false, None, &[], arenas, host_comms);
+    split_matches_alone(&CpuBackend::new(), &[1], false, Tol::Exact, &[], arenas, host_comms);
 }
 
 /// Split over 2 and 4 ranks. Column-split projections, attention and the delta rule per head, and
@@ -32,7 +32,7 @@ fn one_rank_computes_the_model_alone_bit_for_bit() {
 /// key heads are 16 wide in FP8 blocks of 32, so no rank's part of them starts on a block.
 #[test]
 fn two_and_four_ranks_compute_what_one_does() {
-    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], false, Some(1e-3), &REFUSED, arenas, host_comms);
+    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], false, Tol::Max(1e-3), &REFUSED, arenas, host_comms);
     assert_eq!(seen.len(), 17, "{seen:?}");
 }
 
@@ -42,7 +42,7 @@ fn two_and_four_ranks_compute_what_one_does() {
 /// projections: within 1e-3.
 #[test]
 fn expert_parallel_ranks_compute_what_one_does() {
-    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], true, Some(1e-3), &REFUSED, arenas, host_comms);
+    let seen = split_matches_alone(&CpuBackend::new(), &[2, 4], true, Tol::Max(1e-3), &REFUSED, arenas, host_comms);
     assert_eq!(seen.len(), 17, "{seen:?}");
 }
 

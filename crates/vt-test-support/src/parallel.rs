@@ -10,6 +10,35 @@ use vt_models::{Comms, Logits, Model};
 
 use crate::{all_fixtures, max_abs_diff, Reference};
 
+/// How close a split model's logits must come to the model's alone.
+#[derive(Clone, Copy, Debug)]
+pub enum Tol {
+    /// Bit for bit.
+    Exact,
+    /// Every logit within this.
+    Max(f32),
+    /// The median position's max |Δlogit| within this fraction of the largest |logit| (bf16
+    /// devices: top-k routing turns a rounding difference at a near tie into another expert, so a
+    /// few positions of the ill-conditioned fixtures move by O(1); see vt-cuda's tests/parity.rs).
+    MedianRow(f32),
+}
+
+impl Tol {
+    fn holds(&self, got: &[f32], want: &[f32], vocab: usize) -> bool {
+        match *self {
+            Tol::Exact => got == want,
+            Tol::Max(t) => max_abs_diff(got, want) <= t,
+            Tol::MedianRow(rel) => {
+                let mut rows: Vec<f32> =
+                    got.chunks(vocab).zip(want.chunks(vocab)).map(|(a, b)| max_abs_diff(a, b)).collect();
+                rows.sort_by(f32::total_cmp);
+                let largest = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                rows.get(rows.len() / 2).is_some_and(|&m| m <= rel * largest)
+            }
+        }
+    }
+}
+
 fn name(dir: &std::path::Path) -> String {
     dir.file_name().unwrap().to_string_lossy().into_owned()
 }
@@ -38,9 +67,9 @@ fn run_fixture<B: Backend>(m: &Model<B>, r: &Reference) -> Vec<f32> {
 
 /// Every fixture split over each of `rank_counts` ranks (routed experts partitioned by expert with
 /// `expert_parallel`, else by hidden unit), on `backends(n)` (kept across cycles) and `comms` (a
-/// new group per load), against `alone` (the model on one backend): logits within `tol`
-/// (`None`: bit for bit), except for the `refused` (fixture, ranks) pairs, which must fail to load
-/// with an error that says why. Each split runs `cycles` build/run/drop cycles on the same
+/// new group per load), against `alone` (the model on one backend): logits within `tol`, except
+/// for the `refused` (fixture, ranks) pairs, which must fail to load with an error that says why.
+/// Each split runs two build/run/drop cycles on the same
 /// backends: every cycle computes the same bits and ends with every rank's memory where it began.
 /// Returns each pair's max |Δlogit|.
 #[allow(clippy::too_many_arguments)]
@@ -48,7 +77,7 @@ pub fn split_matches_alone<B: Backend>(
     alone: &B,
     rank_counts: &[usize],
     expert_parallel: bool,
-    tol: Option<f32>,
+    tol: Tol,
     refused: &[(&str, usize)],
     backends: impl Fn(usize) -> Vec<B>,
     comms: impl Fn(&[B]) -> Comms<B>,
@@ -99,12 +128,11 @@ pub fn split_matches_alone<B: Backend>(
                     );
                 }
                 let d = max_abs_diff(&got, &want);
-                match tol {
-                    None => {
-                        assert!(got == want, "{} over {n} ranks: not bit-identical (max |dlogit| {d:e})", name(&dir))
-                    }
-                    Some(tol) => assert!(d <= tol, "{} over {n} ranks: max |dlogit| {d:e} > {tol:e}", name(&dir)),
-                }
+                assert!(
+                    tol.holds(&got, &want, r.vocab),
+                    "{} over {n} ranks: max |dlogit| {d:e}, not {tol:?}",
+                    name(&dir)
+                );
                 match &first {
                     None => {
                         println!("{} over {n} ranks: max |dlogit| against one rank = {d:.3e}", name(&dir));
