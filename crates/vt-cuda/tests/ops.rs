@@ -42,6 +42,7 @@ vt_test_support::op_tests!(cuda() =>
     attention_continues_over_a_copied_block,
     conv_and_gated_delta_rule_across_calls,
     gated_delta_rule_chunked_prefill,
+    gated_delta_rule_long_at_model_heads,
     gated_delta_step_decode,
     gated_delta_step_batched_sequences,
     moe_every_router_and_expert_format,

@@ -18,6 +18,14 @@ use crate::shaders::Kernel;
 /// run of ops with no read-back keeps alive).
 const FLUSH_EVERY: usize = 256;
 
+/// Loop iterations one invocation of a dispatch may take, counted as the kernels' loops run (a
+/// loop's body runs plus one exit test): llvmpipe, and so lavapipe, silently ends every loop of
+/// an invocation once 65535 iterations of all its loops together have run
+/// (`LP_MAX_TGSI_LOOP_ITERATIONS`, a count shared between every loop of a shader). Kernels whose
+/// loops grow with the input (the gated delta rule's, over tokens and chunks) split their work
+/// into dispatches that stay under this, on every adapter: one path, the one CI runs.
+pub(crate) const LOOP_BUDGET: usize = 60_000;
+
 /// Source of each device's range of buffer addresses (memory.rs), so that addresses are unique
 /// in the process, as host and CUDA device addresses are; nothing is keyed by them globally.
 static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);

@@ -119,15 +119,25 @@ fn attention_steps<G: Backend>(
     });
 }
 
-/// The gated delta rule with heads `(kh, vh, dk, dv)` over `steps` tokens per call (chunked, or
-/// recurrent for a single token) from a zero state, on both backends: every call's output, then the
-/// final state.
+/// The form a model takes for a call of `n` tokens: chunked for a prompt, recurrent for one token.
+fn by_length(n: usize) -> GdnMode {
+    if n == 1 {
+        GdnMode::Recurrent
+    } else {
+        GdnMode::Chunked
+    }
+}
+
+/// The gated delta rule with heads `(kh, vh, dk, dv)` over `steps` tokens per call, each call in
+/// the form `form` gives its length, from a zero state, on both backends: every call's output, then
+/// the final state.
 fn gated_delta_rule_steps<G: Backend>(
     dev: &OnDevice<G>,
     r: &mut Rng,
     op: &str,
     steps: &[usize],
     (kh, vh, dk, dv): (usize, usize, usize, usize),
+    form: fn(usize) -> GdnMode,
 ) {
     let total: usize = steps.iter().sum();
     let (q, k, v) = (r.vec(total * kh * dk, 1.0), r.vec(total * kh * dk, 1.0), r.vec(total * vh * dv, 1.0));
@@ -144,8 +154,7 @@ fn gated_delta_rule_steps<G: Backend>(
             let at = act(b, &[n, vh], &a[s * vh..(s + n) * vh]);
             let btt = act(b, &[n, vh], &bb[s * vh..(s + n) * vh]);
             let inputs = GdnInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &btt, a_log: &al, dt_bias: &dt };
-            let mode = if n == 1 { GdnMode::Recurrent } else { GdnMode::Chunked };
-            all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, mode).unwrap()));
+            all.extend(out(b, &b.gated_delta_rule(&inputs, &mut state, form(n)).unwrap()));
             s += n;
         }
         all.extend(out(b, &state));
@@ -279,7 +288,7 @@ pub fn conv_and_gated_delta_rule_across_calls<G: Backend>(dev: &OnDevice<G>) {
     });
     // A generic head layout and those of the qwen35moe fixtures.
     for heads in [(2, 4, 32, 48), (2, 4, 24, 20), (2, 6, 20, 28)] {
-        gated_delta_rule_steps(dev, &mut r, "gated_delta_rule", &[70, 1, 1, 3], heads);
+        gated_delta_rule_steps(dev, &mut r, "gated_delta_rule", &[70, 1, 1, 3], heads, by_length);
     }
 }
 
@@ -367,8 +376,22 @@ pub fn gated_delta_rule_chunked_prefill<G: Backend>(dev: &OnDevice<G>) {
     let mut r = Rng(0xc4c4);
     // Three chunks (the last partial), a decode step, then a chunk from a non-zero state.
     for heads in [(2, 4, 128, 128), (1, 2, 128, 64)] {
-        gated_delta_rule_steps(dev, &mut r, "gated_delta_rule chunked", &[150, 1, 70], heads);
+        gated_delta_rule_steps(dev, &mut r, "gated_delta_rule chunked", &[150, 1, 70], heads, by_length);
     }
+}
+
+/// At Qwen3.5-35B-A3B's head dimensions (dk = dv = 128, two value heads a key head): the
+/// token-by-token form over many tokens in one call, then over many one-token calls (decode),
+/// and the chunked form over a prompt of five chunks. Each is longer than one invocation of a
+/// kernel that walks through the tokens may take on lavapipe (llvmpipe ends a shader's loops
+/// after 65535 iterations in all: ~100 tokens token by token, ~2 chunks of the state pass),
+/// where vt-wgpu's outputs went to zero beyond that point.
+pub fn gated_delta_rule_long_at_model_heads<G: Backend>(dev: &OnDevice<G>) {
+    let mut r = Rng(0x7e5c);
+    let heads = (2, 4, 128, 128);
+    gated_delta_rule_steps(dev, &mut r, "gated_delta_rule recurrent", &[150], heads, |_| GdnMode::Recurrent);
+    gated_delta_rule_steps(dev, &mut r, "gated_delta_rule decode steps", &[1; 150], heads, |_| GdnMode::Recurrent);
+    gated_delta_rule_steps(dev, &mut r, "gated_delta_rule chunked", &[300, 40], heads, |_| GdnMode::Chunked);
 }
 
 // ---- Decode kernels (GEMV, fused MoE block, fused GDN step, split-KV attention, random fill) ----

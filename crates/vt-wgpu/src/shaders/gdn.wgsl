@@ -1,8 +1,9 @@
 // The gated delta rule, token by token (vt-cpu's recurrent form, for decode), a workgroup per
 // value head and an invocation per value column; the state `[value_heads, key_dim, value_dim]` is f32:
 //   S = S * exp(g);  delta = (v - S^T k) * beta;  S += k (x) delta;  o = S^T q
-// with q, k l2-normalised (`x * rsqrt(sum(x^2) + 1e-6)`) and q divided by sqrt(key_dim).
-struct P { t: u32, kh: u32, vh: u32, dk: u32, dv: u32, scale: f32 }
+// with q, k l2-normalised (`x * rsqrt(sum(x^2) + 1e-6)`) and q divided by sqrt(key_dim), for the
+// call's tokens `first..first + n` (a dispatch's share of the call's `t`).
+struct P { t: u32, kh: u32, vh: u32, dk: u32, dv: u32, scale: f32, first: u32, n: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -22,7 +23,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kh = h / (p.vh / p.kh);
     let sbase = h * p.dk * p.dv;
     let count = p.t * p.vh;
-    for (var s = 0u; s < p.t; s++) {
+    for (var s = p.first; s < p.first + p.n; s++) {
         let src = (s * p.kh + kh) * p.dk;
         for (var i = lid.x; i < p.dk; i += 64u) {
             qs[i] = q[src + i];
