@@ -17,7 +17,7 @@
 template <int D, int WARPS, int MI>
 __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc,
                                            const int* table, int t, int q_heads, int kv_heads, int start, int window, float scale_log2,
-                                           int bq_log2) {
+                                           int bq_log2, float* part) {
     static_assert(FA_BN == KV_BLOCK, "a key tile is one block of the store");
     constexpr int CH = D / 8, WR = 16 * MI, ROWS = WR * WARPS, THREADS = 32 * WARPS;
     // Copies: thread tid moves chunk tid % CH of rows tid / CH + i * RSTEP; RSTEP is a multiple
@@ -67,8 +67,11 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
             cp_async16(dst + i * RSTEP * D * 2, src + (ok ? kvh * D + cc * 8 : 0), ok);
         }
     };
-    int p0 = lo / FA_BN * FA_BN;
-    load_kv(sk, k, kc, p0);
+    // Split z of gridDim.z takes its share of the block's key tiles (none: it still writes its
+    // empty partials, which the merge weighs at zero).
+    int first = lo / FA_BN, tiles = hi / FA_BN - first + 1, per = (tiles + gridDim.z - 1) / gridDim.z;
+    int p0 = (first + (int)blockIdx.z * per) * FA_BN, p_end = min(hi, p0 + per * FA_BN - 1);
+    if (p0 <= p_end) load_kv(sk, k, kc, p0);
     cp_async_commit();
 
     // ldmatrix row addresses. Row r's chunk c sits at chunk c ^ (r & 7), and every row a lane
@@ -101,7 +104,7 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
     // This warp's WR rows: one head, queries qw .. qw + WR - 1.
     int hw = h0 + ((warp * WR) >> bq_log2), qw = q0 + ((warp * WR) & (bq - 1));
 
-    for (; p0 <= hi; p0 += FA_BN) {
+    for (; p0 <= p_end; p0 += FA_BN) {
         cp_async_wait<0>();
         __syncthreads();  // K (and Q) in; every warp is done with the previous V
         load_kv(sv, v, vc, p0);
@@ -182,7 +185,7 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
         }
         cp_async_wait<0>();
         __syncthreads();  // V in; every warp is done with K
-        if (p0 + FA_BN <= hi) load_kv(sk, k, kc, p0 + FA_BN);
+        if (p0 + FA_BN <= p_end) load_kv(sk, k, kc, p0 + FA_BN);
         cp_async_commit();
         if (!live) continue;
         // O += P V: the score accumulators are already the A fragments of the next product.
@@ -218,6 +221,18 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             int tok = qw + mi * 16 + g + 8 * hr;
             if (tok >= t) continue;
+            if (part) {
+                // This split's share, unnormalised, as attn_dec_combine merges them: the values,
+                // then the row's max score (natural units) and its sum of exponentials.
+                float* dst = part + (((long long)tok * q_heads + hw) * gridDim.z + blockIdx.z) * (D + 2) + c2;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) *(float2*)(dst + 8 * j) = make_float2(o[mi][j][2 * hr], o[mi][j][2 * hr + 1]);
+                if (c2 == 0) {
+                    dst[D] = m[mi][hr] * scale_log2 * 0.69314718f;  // -inf where it saw no key
+                    dst[D + 1] = sum;
+                }
+                continue;
+            }
             float inv = 1.0f / sum;
             unsigned* dst = (unsigned*)(out + ((long long)tok * q_heads + hw) * D + c2);
 #pragma unroll
@@ -225,13 +240,15 @@ __device__ __forceinline__ void flash_attn(bf16* out, const bf16* q, const bf16*
         }
 }
 
-// Grid: (ceil(t / bq), q_heads / hpb) with bq = 16 * MI * WARPS / hpb = 1 << bq_log2; 32 * WARPS
-// threads, (16 * MI * WARPS + 2 * 64) * D bf16 of dynamic shared memory.
+// Grid: (ceil(t / bq), q_heads / hpb, splits) with bq = 16 * MI * WARPS / hpb = 1 << bq_log2; 32 *
+// WARPS threads, (16 * MI * WARPS + 2 * 64) * D bf16 of dynamic shared memory. One split writes
+// `out`; several (few queries over many keys: too few blocks otherwise) write their partials to
+// `part` ([t * q_heads, splits, D + 2] floats) for attn_dec_combine, and `out` is not touched.
 #define FA_KERNEL(NAME, D, WARPS, MI)                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                                    \
         NAME(bf16* out, const bf16* q, const bf16* k, const bf16* v, const bf16* kc, const bf16* vc, const int* table, int t,        \
-             int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2) {                                     \
-        flash_attn<D, WARPS, MI>(out, q, k, v, kc, vc, table, t, q_heads, kv_heads, start, window, scale_log2, bq_log2);         \
+             int q_heads, int kv_heads, int start, int window, float scale_log2, int bq_log2, float* part) {                        \
+        flash_attn<D, WARPS, MI>(out, q, k, v, kc, vc, table, t, q_heads, kv_heads, start, window, scale_log2, bq_log2, part);   \
     }
 // d = 128 takes two row tiles per warp (255 registers, no spills: each K / V fragment serves twice
 // the rows, docs/performance.md); d = 256 has no registers for a second.

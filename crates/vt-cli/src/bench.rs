@@ -344,8 +344,12 @@ where
         live.push(Some((seen, at, 0)));
     }
     let started = Instant::now();
+    // Each step's time and tokens: where the TTFT goes (prompt chunks against decodes).
+    let mut steps: Vec<(f64, usize)> = Vec::new();
     while engine.has_work() {
-        engine.step();
+        let t0 = Instant::now();
+        let ran = engine.step();
+        steps.push((t0.elapsed().as_secs_f64() * 1e3, ran));
         for (c, slot) in live.iter_mut().enumerate() {
             let Some((seen, at, turn)) = slot.take() else { continue };
             let (first, reply, done) = seen.lock().expect("a sink's lock").clone();
@@ -389,6 +393,7 @@ where
     let mut all: Vec<f64> = ttft.concat();
     all.sort_by(f64::total_cmp);
     println!("all turns: TTFT p50 {:>9.1} ms, p99 {:>9.1} ms", pct(&all, 0.5), pct(&all, 0.99));
+    print_steps(&steps, w.conversations);
     let st = engine.prefix_stats();
     println!(
         "prefix cache: {} of {} lookups hit, {} of {} prompt tokens served from it ({:.1}%), {} blocks cached",
@@ -400,6 +405,23 @@ where
         engine.cached_blocks()
     );
     Ok(())
+}
+
+/// Where a workload's steps went: those that ran prompt chunks (more tokens than one per
+/// sequence) and those that only decoded, and the slowest few.
+fn print_steps(steps: &[(f64, usize)], seqs: usize) {
+    let (prompt, decode): (Vec<_>, Vec<_>) = steps.iter().partition(|(_, n)| *n > seqs);
+    let sum = |v: &[&(f64, usize)]| (v.iter().map(|s| s.0).sum::<f64>(), v.iter().map(|s| s.1).sum::<usize>());
+    let ((pt, pn), (dt, dn)) = (sum(&prompt), sum(&decode));
+    println!(
+        "steps: {} with prompt chunks ({pn} tokens, {pt:.0} ms), {} decode-only ({dn} tokens, {dt:.0} ms)",
+        prompt.len(),
+        decode.len()
+    );
+    let mut slow: Vec<(usize, &(f64, usize))> = steps.iter().enumerate().collect();
+    slow.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    let slow: Vec<String> = slow.iter().take(6).map(|(i, (ms, n))| format!("#{i} {ms:.0} ms/{n} tok")).collect();
+    println!("slowest steps: {}", slow.join(", "));
 }
 
 /// Workload 5(b) of #30: how many sequences of `context` positions the pool holds at once.
@@ -442,12 +464,13 @@ where
     let prompt_len = w.context - gen_len;
     for i in 0..w.seqs {
         let prompt = (0..prompt_len).map(|j| ((i * 131 + j * 17 + 1) % vocab) as u32).collect();
-        let req = Request { prompt, max_tokens: w.gen_len, sampling: SamplingParams::greedy(), ..Default::default() };
+        let req = Request { prompt, max_tokens: gen_len, sampling: SamplingParams::greedy(), ..Default::default() };
         engine.add(req, Box::new(|_| true)).map_err(|e| vt::Error::input(format!("{e:?}")))?;
     }
     let started = Instant::now();
     let (mut peak, mut peak_blocks) = (0, 0);
-    while engine.has_work() {
+    // Until all run at once (the rest of their generation shows nothing more), or all are done.
+    while engine.has_work() && peak < w.seqs {
         engine.step();
         let used = engine.pool_stats().blocks_used;
         if engine.running() > peak || (engine.running() == peak && used > peak_blocks) {

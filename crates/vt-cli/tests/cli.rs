@@ -75,3 +75,19 @@ fn bad_model_dir_fails_with_a_named_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/vt-model"), "{err}");
 }
+
+/// `vt bench --hold-context` (workload 5(b) of #30) holds every sequence the pool's arithmetic
+/// allows at once: each keeps generating until the last one is admitted.
+#[test]
+fn bench_hold_runs_every_sequence_the_pool_allows_at_once() {
+    let dir = fixture("qwen35moe_nested");
+    let out = vt()
+        .args(["bench", "--backend", "cpu", "--model", dir.to_str().unwrap()])
+        .args(["--hold-context", "512", "--batch", "8", "--gen-len", "4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let held = stdout.lines().find(|l| l.starts_with("held ")).unwrap_or_else(|| panic!("no 'held' line: {stdout}"));
+    assert!(held.starts_with("held 8 of 8 ") && held.ends_with("allows 8"), "{held}");
+}

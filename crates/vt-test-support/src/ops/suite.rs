@@ -370,6 +370,17 @@ pub fn attention_flash_prefill<G: Backend>(dev: &OnDevice<G>) {
             attention_steps(dev, "attention flash", bound, 3, &steps, (hq, hkv, d), window, (&q, &k, &v));
         }
     }
+    // A short chunk over a long cached context (a prefix-cache hit's rest of the prompt): too few
+    // query blocks to fill a GPU, so vt-cuda splits the keys (12 and 18 key tiles: 3 and 4 splits,
+    // the last shorter) and merges the splits' partials.
+    for (steps, (hq, hkv, d)) in [([700usize, 16], (16, 2, 256)), ([1100, 20], (4, 1, 128))] {
+        let total = 2 * steps.iter().sum::<usize>();
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        for window in [None, Some(500)] {
+            let bound = dev.attention_bound(d);
+            attention_steps(dev, "attention flash, split keys", bound, 2, &steps, (hq, hkv, d), window, (&q, &k, &v));
+        }
+    }
 }
 
 pub fn gated_delta_rule_chunked_prefill<G: Backend>(dev: &OnDevice<G>) {

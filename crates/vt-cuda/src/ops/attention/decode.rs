@@ -153,7 +153,7 @@ pub(crate) fn visible(start: usize, window: usize) -> usize {
 }
 
 /// Merges `heads` heads' `splits` partials at `part` into `out`.
-fn combine(b: &CudaBackend, out: u64, part: u64, heads: usize, d: usize, splits: usize) -> Result<()> {
+pub(crate) fn combine(b: &CudaBackend, out: u64, part: u64, heads: usize, d: usize, splits: usize) -> Result<()> {
     let (di, sp) = (d as i32, i32_of(splits, "splits")?);
     let mut l = Overlapped::new(b, &b.k().attn_dec_combine);
     l.arg(&out).arg(&part).arg(&di).arg(&sp);

@@ -44,8 +44,18 @@ pub(crate) fn fits(t: usize, head_dim: usize, max_shared: usize) -> bool {
     t > 1 && matches!(head_dim, 64 | 128 | 256) && shared_bytes(head_dim) <= max_shared
 }
 
+/// Key splits for `blocks` blocks of queries that see up to `keys` keys each: one, unless the
+/// blocks are too few to fill the device (a short prompt chunk over a long cached context), then
+/// enough for about two blocks per multiprocessor, each at least MIN_SPLIT_TILES key tiles.
+pub(crate) fn splits(blocks: usize, keys: usize, sm_count: usize) -> usize {
+    const MIN_SPLIT_TILES: usize = 4;
+    let by_device = (2 * sm_count).div_ceil(blocks.max(1));
+    let by_keys = keys.div_ceil(FA_BN) / MIN_SPLIT_TILES;
+    by_device.min(by_keys).max(1)
+}
+
 /// Shapes as the attention op checked them: `t` queries from position `start`, `window` 0 for none,
-/// over the block table at `table`.
+/// over the block table at `table`. Several key splits (`splits`) merge through attn_dec_combine.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     b: &CudaBackend,
@@ -94,25 +104,37 @@ pub(crate) fn launch(
         .arg(&wi)
         .arg(&scale_log2)
         .arg(&bq_log2);
+    let blocks = t.div_ceil(queries) * (q_heads / hpb);
+    let keys = if window > 0 { window.min(start + t) } else { start + t };
+    let splits = splits(blocks, keys, b.k().sm_count);
+    let part = if splits > 1 { Some(b.buffer(t * q_heads * splits * (head_dim + 2) * 4)?) } else { None };
+    let part_ptr = part.as_ref().map_or(0, |p| p.ptr());
+    l.arg(&part_ptr);
     let cfg = LaunchConfig {
-        grid_dim: (t.div_ceil(queries) as u32, (q_heads / hpb) as u32, 1),
+        grid_dim: (t.div_ceil(queries) as u32, (q_heads / hpb) as u32, splits as u32),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     // SAFETY: flash_attn_d{D}(bf16* out, const bf16* q, k, v, const bf16* kc, const bf16* vc,
     // const int* table, int t, int q_heads, int kv_heads, int start, int window, float scale_log2,
-    // int bq_log2) with D = head_dim and (WARPS, MI) = shape(D): one block per 2^bq_log2 = 16 * MI
+    // int bq_log2, float* part) with D = head_dim and (WARPS, MI) = shape(D): one block per
+    // 2^bq_log2 = 16 * MI
     // * WARPS / hpb queries (at least 16 * MI: hpb <= WARPS) and hpb heads of one group (hpb
     // divides q_heads / kv_heads), (16 * MI * WARPS + 2 * 64) * D bf16 of shared memory (allowed
     // above); out/q hold t * q_heads * D values, k/v t * kv_heads * D, and the table names a block
     // of the pool layer for every position before `start` a query can see (the attention op
-    // checked it); q_heads % kv_heads == 0.
-    launched(unsafe { l.launch(cfg) }, name)
+    // checked it); q_heads % kv_heads == 0; with `splits` > 1 z-blocks, part holds t * q_heads *
+    // splits * (D + 2) floats (else it is null and out is written).
+    launched(unsafe { l.launch(cfg) }, name)?;
+    match part {
+        Some(part) => super::decode::combine(b, p.out, part.ptr(), t * q_heads, head_dim, splits),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{fits, heads_per_block};
+    use super::{fits, heads_per_block, splits};
 
     #[test]
     fn head_dims_whose_blocks_exceed_the_device_take_the_simple_kernel() {
@@ -130,5 +152,13 @@ mod tests {
         assert_eq!(heads_per_block(1, 8), 1);
         assert_eq!(heads_per_block(16, 8), 8);
         assert_eq!(heads_per_block(3, 4), 1);
+    }
+
+    #[test]
+    fn only_chunks_too_small_for_the_device_split_their_keys() {
+        // Qwen3.5 (d = 256, 16 heads of 2 groups: 2 head blocks) on 132 multiprocessors.
+        assert_eq!(splits(2 * 512, 8192, 132), 1, "a whole prompt fills the device");
+        assert_eq!(splits(2 * 2, 8224, 132), 32, "32 queries over 8k keys: 4 tiles a split at most");
+        assert_eq!(splits(2, 300, 132), 1, "too few keys to split");
     }
 }
