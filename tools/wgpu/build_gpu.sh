@@ -18,13 +18,13 @@ for l in sys.stdin:
         print(m["executable"])' | while read -r path; do cp "$path" "$out/$t"; done
 done
 strip "$out"/*
-if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then
     exclude=$(git rev-parse --git-path info/exclude)
     grep -qx '/.gl/' "$exclude" 2>/dev/null || echo /.gl/ >>"$exclude"
     mkdir -p .gl /tmp/amd64/partial
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     # shellcheck disable=SC2086
-    apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1)
+    apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1 libglvnd0 libegl1 libglx0 libgl1 libopengl0)
 fi
 ls -la "$out" .gl
 echo

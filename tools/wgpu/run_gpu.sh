@@ -16,6 +16,9 @@ if [ -z "${VK_DRIVER_FILES:-}" ]; then
         [ -f "$j" ] && export VK_DRIVER_FILES=$j && break
     done
 fi
+# NVIDIA's ICD (libGLX_nvidia) needs glvnd's dispatch libraries beside the loader (.gl has them).
+export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
+echo "Vulkan ICD: ${VK_DRIVER_FILES:-none found}; loader: $(ldconfig -p | grep -c libvulkan) entries"
 export VT_WGPU_ADAPTER=${VT_WGPU_ADAPTER:-nvidia}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 # The test binaries find fixtures/ through the repository path they were built in.
