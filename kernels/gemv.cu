@@ -247,15 +247,18 @@ extern "C" __global__ void gemv_bf16_t1(GemvParts p, const bf16* x, int t) { gem
 // one A fragment of 16 rows for each of 4 k steps, decoded in registers, and the tokens are the
 // MMA's 8 (NB = 2: 16) columns, so the arithmetic per byte does not grow with the tokens.
 //
-// Block: GEMV_NV4_WARPS warps on one 16-row block, warp j taking the k tiles j, j + W, ... with
-// NV4_U tiles in flight; the warps' sums are added in a fixed order. Lane (g, c)'s B fragment is
-// token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the step (zeros past t); C: c0/c1 row
-// g, tokens 8 nb + 2c, 2c + 1; c2/c3 row g + 8.
-#define NV4_U 4
+// Block: blockDim.x / 32 = W warps (vt-cuda gives a row about GEMV_NV4_TILES tiles a warp, up to
+// GEMV_NV4_MAX_WARPS warps) on one 16-row block, warp j taking the k tiles j, j + W, ...,
+// GEMV_NV4_TILES at a time, so that a row block's tiles are in flight at once: at batch 1 these
+// layers are bound by the latency of their loads, and a block of 4 warps streaming k = 4096 in
+// rounds left too few bytes in flight. Each tile's B fragments are loaded with it (an MMA waiting
+// on its own input load serialised a round trip per k step). The warps' sums are added in a fixed
+// order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the
+// step (zeros past t); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3 row g + 8.
 template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
-    constexpr int W = GEMV_NV4_WARPS;
-    __shared__ float part[W][NB][4][32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    constexpr int U = GEMV_NV4_TILES;
+    __shared__ float part[GEMV_NV4_MAX_WARPS][NB][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3, W = blockDim.x >> 5;
     int kt_n = nv4_k_tiles(w);
     long long tile0 = (long long)block * kt_n;
     const bf16* xrow[NB];
@@ -270,27 +273,32 @@ template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const 
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[nb][i] = 0.0f;
-    uint4 q[NV4_U];
-    uint2 sc[NV4_U];
+    uint4 q[U];
+    uint2 sc[U];
+    unsigned xb[U][NB][4][2];
     auto load_round = [&](int kt0) {
 #pragma unroll
-        for (int u = 0; u < NV4_U; u++)
+        for (int u = 0; u < U; u++)
             if (kt0 + W * u < kt_n) nv4_load(w, tile0 + kt0 + W * u, lane, q[u], sc[u]);
-    };
-    auto b_frag = [&](int nb, int k0, unsigned& b0, unsigned& b1) {
-        b0 = x_ok[nb] ? *(const unsigned*)(xrow[nb] + k0) : 0u;
-        b1 = x_ok[nb] ? *(const unsigned*)(xrow[nb] + k0 + 8) : 0u;
     };
     // The first round of weights is in flight before the previous kernel (which writes x) ends.
     load_round(warp);
     grid_dep_wait();
-    for (int kt0 = warp; kt0 < kt_n; kt0 += W * NV4_U) {
+    for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
 #pragma unroll
-        for (int u = 0; u < NV4_U; u++) {
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++)
+                if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, x_ok[nb], xb[u][nb]);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
             if (kt >= kt_n) break;
-            nv4_tile_mma<NB>(acc, q[u], sc[u], kt * NV4_K, w.k, b_frag);
+            nv4_tile_mma<NB>(acc, q[u], sc[u], kt * NV4_K, w.k, [&](int nb, int s, unsigned& b0, unsigned& b1) {
+                b0 = xb[u][nb][s][0];
+                b1 = xb[u][nb][s][1];
+            });
         }
     }
 #pragma unroll
@@ -304,7 +312,6 @@ template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float sum = 0.0f;
-#pragma unroll
             for (int j = 0; j < W; j++) sum += part[j][nb][i][lane];
             int row = NV4_ROWS * block + g + 8 * (i >> 1), tok = 8 * nb + 2 * c + (i & 1);
             if (row < n && tok < t) store_y(y, f32_out, (long long)tok * ld + row, sum * w.global[0]);
@@ -317,6 +324,6 @@ template <int NB> __device__ void gemv_nv4_parts(const GemvParts& p, const bf16*
     gemv_nv4<NB>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
 }
 
-// Up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T.
-extern "C" __global__ void gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1>(p, x, t); }
-extern "C" __global__ void gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2>(p, x, t); }
+// Up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T; blocks of up to GEMV_NV4_MAX_WARPS warps.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1>(p, x, t); }
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2>(p, x, t); }

@@ -202,17 +202,18 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
 // ---- NVFP4 experts on tensor cores (nvfp4.cuh's layout): a 16-row block of a weight per warp
 // and k tile, its lane's 16 bytes the A fragments of 4 k steps, the slot's one token the B
 // operand's column 0 (lanes g = 0; the other columns are zeros). The arithmetic per byte is then a
-// few instructions, where decoding each code for a CUDA-core dot made these kernels issue-bound. ----
-
-// Warps of an NVFP4 gate/up block and the tiles each has in flight per weight.
-#define MOE_NV4_WARPS 4
-#define MOE_NV4_U 4
+// few instructions, where decoding each code for a CUDA-core dot made these kernels issue-bound.
+// At batch 1 these kernels are bound by the latency of their loads: the warps of a block (limits.rs:
+// MOE_NV4_WARPS, MOE_NV4_DOWN_WARPS) and the tiles each has in flight (MOE_NV4_U, MOE_NV4_DOWN_U)
+// are sized so that a block's weights go in one round at Qwen3.5's shapes, and no MMA waits on a
+// load of its B operand (x in registers loaded with the weights; the down kernel's activations
+// staged in shared memory). ----
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for units u of row block blockIdx.y of every
 // (token, slot) blockIdx.x (experts as moe_dec_gate_up's). Grid (t * slots, ceil(inter / 16)),
-// 32 MOE_NV4_WARPS threads: warp j takes the k tiles j, j + W, ... of both weights, the warps'
-// sums are added in a fixed order. Each slot's first block writes the slot's down matrix to
-// down_desc, as moe_dec_gate_up does.
+// 32 MOE_NV4_WARPS threads: warp j takes the k tiles j, j + W, ... of both weights, MOE_NV4_U of
+// each at a time; the warps' sums are added in a fixed order. Each slot's first block writes the
+// slot's down matrix to down_desc, as moe_dec_gate_up does.
 extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x,
                                                                                     const WeightDesc* table, SharedDesc sh, int slots, int inter) {
     constexpr int W = MOE_NV4_WARPS, U = MOE_NV4_U;
@@ -234,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
     float acc[2][1][4] = {};
     uint4 q[U][2];
     uint2 sc[U][2];
+    unsigned xb[U][4][2];
     auto load_round = [&](int kt0) {
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -241,18 +243,21 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
             for (int m = 0; m < 2; m++)
                 if (kt0 + W * u < kt_n) nv4_load(w[m], tile0 + kt0 + W * u, lane, q[u][m], sc[u][m]);
     };
-    auto b_frag = [&](int, int k0, unsigned& b0, unsigned& b1) {
-        b0 = g == 0 ? *(const unsigned*)(xr + k0) : 0u;
-        b1 = g == 0 ? *(const unsigned*)(xr + k0 + 8) : 0u;
-    };
     load_round(warp);
     if (shared_slot) grid_dep_wait();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
 #pragma unroll
+        for (int u = 0; u < U; u++)
+            if (kt0 + W * u < kt_n) nv4_x_frags(xr, (kt0 + W * u) * NV4_K, w[0].k, g == 0, xb[u]);
+#pragma unroll
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
             if (kt >= kt_n) break;
+            auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) {
+                b0 = xb[u][s][0];
+                b1 = xb[u][s][1];
+            };
 #pragma unroll
             for (int m = 0; m < 2; m++) nv4_tile_mma<1>(acc[m], q[u][m], sc[u][m], kt * NV4_K, w[m].k, b_frag);
         }
@@ -277,23 +282,27 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
     if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
 }
 
-// Tiles an NVFP4 down warp has in flight.
-#define MOE_NV4_DOWN_U 6
-
 // out[tok, r] = sum over the token's slots of slot_w * (down_slot[r] . act[slot]) for the rows r of
-// row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), MOE_DEC_THREADS threads:
-// the (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ..., and the
-// warps' sums are added in a fixed order. The activations are rounded to bf16 for the tensor cores
-// (as the grouped prefill's are).
-extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w,
-                                                                                 int t, int slots, int hidden, int inter) {
-    constexpr int W = MOE_DEC_THREADS / 32, U = MOE_NV4_DOWN_U;
+// row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 MOE_NV4_DOWN_WARPS
+// threads: the (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ...,
+// MOE_NV4_DOWN_U at a time, and the warps' sums are added in a fixed order. The token's
+// activations are staged in dynamic shared memory (slots * inter floats) while the first round of
+// weights loads, and rounded to bf16 for the tensor cores (as the grouped prefill's are).
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc,
+                                                                                       const float* slot_w, int t, int slots, int hidden, int inter) {
+    constexpr int W = MOE_NV4_DOWN_WARPS, U = MOE_NV4_DOWN_U;
+    extern __shared__ float4 nv4_act[];
+    float* as = (float*)nv4_act;
     __shared__ WeightDesc dn[ROUTE_MAX_K + 1];
     __shared__ float mul[ROUTE_MAX_K + 1];
     __shared__ float part[W][NV4_ROWS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int rb = blockIdx.x, tok = blockIdx.y;
     grid_dep_wait();
+    // The token's activations, every copy in flight at once, while the descriptors load.
+    const float4* src = (const float4*)(act + (long long)tok * slots * inter);
+    for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
+    cp_async_commit();
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         dn[s] = down_desc[tok * slots + s];
         mul[s] = slot_w[tok * slots + s] * dn[s].global[0];
@@ -301,30 +310,39 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS) moe_dec_down_nvfp4
     __syncthreads();
     int kt_n = (inter + NV4_K - 1) / NV4_K, items = slots * kt_n;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int i0 = warp; i0 < items; i0 += W * U) {
-        uint4 q[U];
-        uint2 sc[U];
+    uint4 q[U];
+    uint2 sc[U];
+    int sl[U], kt[U];  // item i0 + W u is k tile kt[u] of slot sl[u]
+    auto load_round = [&](int i0) {
+        // Stepped along from one division (W < kt_n steps a slot at most once, else a loop).
+        int s = i0 / kt_n, k = i0 % kt_n;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int i = i0 + W * u;
-            if (i < items) nv4_load(dn[i / kt_n], (long long)rb * kt_n + i % kt_n, lane, q[u], sc[u]);
+            sl[u] = s;
+            kt[u] = k;
+            if (i0 + W * u < items) nv4_load(dn[s], (long long)rb * kt_n + k, lane, q[u], sc[u]);
+            for (k += W; k >= kt_n; k -= kt_n) s++;
         }
+    };
+    load_round(warp);
+    cp_async_wait<0>();
+    __syncthreads();  // the activations are in shared memory
+    for (int i0 = warp; i0 < items; i0 += W * U) {
+        if (i0 != warp) load_round(i0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int i = i0 + W * u;
-            if (i >= items) break;
-            int sl = i / kt_n, kt = i % kt_n;
-            const float* a = act + ((long long)tok * slots + sl) * inter + 2 * c;
-            auto b_frag = [&](int, int k0, unsigned& b0, unsigned& b1) {
-                float2 lo = g == 0 ? *(const float2*)(a + k0) : make_float2(0.0f, 0.0f);
-                float2 hi = g == 0 ? *(const float2*)(a + k0 + 8) : make_float2(0.0f, 0.0f);
+            if (i0 + W * u >= items) break;
+            const float* a = as + sl[u] * inter + kt[u] * NV4_K + 2 * c;
+            auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) {
+                float2 lo = g == 0 ? *(const float2*)(a + 16 * s) : make_float2(0.0f, 0.0f);
+                float2 hi = g == 0 ? *(const float2*)(a + 16 * s + 8) : make_float2(0.0f, 0.0f);
                 b0 = pack_bf16(lo.x, lo.y);
                 b1 = pack_bf16(hi.x, hi.y);
             };
             float d[1][4] = {};
-            nv4_tile_mma<1>(d, q[u], sc[u], kt * NV4_K, inter, b_frag);
+            nv4_tile_mma<1>(d, q[u], sc[u], kt[u] * NV4_K, inter, b_frag);
 #pragma unroll
-            for (int x = 0; x < 4; x++) acc[x] += mul[sl] * d[0][x];
+            for (int x = 0; x < 4; x++) acc[x] += mul[sl[u]] * d[0][x];
         }
     }
     if (c == 0) {

@@ -91,10 +91,23 @@ __device__ __forceinline__ void nv4_load(const WeightDesc& w, long long tile, in
 // Tiles along k of a row block of w.
 __device__ __forceinline__ int nv4_k_tiles(const WeightDesc& w) { return (w.k + NV4_K - 1) / NV4_K; }
 
+// Lane (g, c)'s B fragments of the 4 k steps of the tile at input k0 of the bf16 row `xr` (which
+// points at the row's input 2c): step s's inputs 16 s + 2c, + 1 and 16 s + 2c + 8, + 9; zeros
+// when !ok and for steps at or past k (the last tile of a row may be partial). Loaded once with
+// the tile's weights, so no MMA waits on a load of its own.
+__device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, bool ok, unsigned (&b)[4][2]) {
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        bool in = ok && k0 + 16 * s < k;
+        b[s][0] = in ? *(const unsigned*)(xr + k0 + 16 * s) : 0u;
+        b[s][1] = in ? *(const unsigned*)(xr + k0 + 16 * s + 8) : 0u;
+    }
+}
+
 // c += W_tile(16 rows) . B over the k steps of one tile that lie inside k (the last tile of a row
-// may be partial: its steps past k hold zero codes, and the B operand has no inputs there). `b(k0,
-// b0, b1)` gives this lane's B fragment registers for inputs k0 .. k0 + 15 (`k0` is the input
-// of the step in the row); NB column tiles share each decoded A fragment.
+// may be partial: its steps past k hold zero codes, and the B operand has no inputs there). `b(nb,
+// s, b0, b1)` gives this lane's B fragment registers of column tile nb for step s (inputs k0 + 16 s
+// .. k0 + 16 s + 15); NB column tiles share each decoded A fragment.
 template <int NB, typename BFrag>
 __device__ __forceinline__ void nv4_tile_mma(float (*c)[4], uint4 q, uint2 sc, int k0, int k, BFrag b) {
     unsigned sg[4], sg8[4], qw[4] = {q.x, q.y, q.z, q.w};
@@ -108,7 +121,7 @@ __device__ __forceinline__ void nv4_tile_mma(float (*c)[4], uint4 q, uint2 sc, i
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
             unsigned b0, b1;
-            b(nb, k0 + 16 * s, b0, b1);
+            b(nb, s, b0, b1);
             mma_bf16(c[nb], a, b0, b1);
         }
     }

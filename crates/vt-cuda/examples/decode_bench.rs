@@ -7,7 +7,11 @@
 //!
 //! cargo build --release -p vt-cuda --features cuda --example decode_bench
 //! decode_bench [peers.txt]   (`VT_BENCH_CASES`: a comma-separated subset of
-//! `gemv,argmax,gdn,attention,moe`, default all)
+//! `gemv,argmax,gdn,attention,moe,nv4`, default all but nv4)
+//!
+//! `nv4` sweeps the NVFP4 decode kernels' launch shapes (limits.rs's GEMV_NV4_* and MOE_NV4_*,
+//! each variant's kernels compiled into a backend of their own on the same device and memory):
+//! µs and the weights' bytes per second of each variant beside limits.rs's values.
 
 use std::collections::HashMap;
 
@@ -114,6 +118,13 @@ impl MoeLayer {
     }
 }
 
+/// Bytes a MoE layer reads for `t` tokens: the router and gate rows, and the experts the tokens
+/// may pick, at most t * k (+ shared).
+fn moe_bytes(t: usize, fp4: bool) -> f64 {
+    let experts = (TOP_K * t).min(EXPERTS) + 1;
+    (EXPERTS * H * 2 + H * 2) as f64 + (experts * 3 * INTER * H) as f64 * bytes_per_weight(fp4)
+}
+
 fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
     let layers = (0..if fp4 { 8 } else { 4 }).map(|l| MoeLayer::new(b, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
     let fmt = if fp4 { "nvfp4" } else { "bf16" };
@@ -134,9 +145,7 @@ fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
             run(i, true)?;
             run(i, false)?;
         }
-        // Distinct experts the t tokens may pick: at most t * k (+ shared); ceiling counts t = 1's.
-        let experts = (TOP_K * t).min(EXPERTS) + 1;
-        let bytes = (EXPERTS * H * 2 + H * 2) as f64 + (experts * 3 * INTER * H) as f64 * bytes_per_weight(fp4);
+        let bytes = moe_bytes(t, fp4);
         let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
         let composed = b.time_queued(50, 30.0, |i| run(i, false))?;
         let peer = if fp4 { String::new() } else { format!("hf_moe_block_t{t}") };
@@ -240,6 +249,96 @@ fn gemv(b: &B, r: &Report) -> Result<()> {
             bytes,
             &format!("torch_linear_{n}x{k}_{fmt}_t{t}"),
         );
+    }
+    Ok(())
+}
+
+/// Launch shapes of the NVFP4 decode kernels a `nv4` run compares, as limits.rs's numbers: each
+/// list beside limits.rs's values (the empty variant). The first non-empty variant of each is the
+/// shape of 14ceb6d (4-warp blocks; the down kernel's rounds of 6).
+const NV4_GEMV_VARIANTS: &[&[(&str, i64)]] = &[
+    &[],
+    &[("GEMV_NV4_TILES", 4), ("GEMV_NV4_MAX_WARPS", 4)],
+    &[("GEMV_NV4_TILES", 4), ("GEMV_NV4_MAX_WARPS", 8)],
+    &[("GEMV_NV4_TILES", 2), ("GEMV_NV4_MAX_WARPS", 16)],
+    &[("GEMV_NV4_TILES", 2), ("GEMV_NV4_MAX_WARPS", 8)],
+    &[("GEMV_NV4_TILES", 8), ("GEMV_NV4_MAX_WARPS", 16)],
+    &[("GEMV_NV4_TILES", 8), ("GEMV_NV4_MAX_WARPS", 8)],
+];
+const NV4_MOE_VARIANTS: &[&[(&str, i64)]] = &[
+    &[],
+    &[("MOE_NV4_WARPS", 4), ("MOE_NV4_U", 4), ("MOE_NV4_DOWN_WARPS", 8), ("MOE_NV4_DOWN_U", 6)],
+    &[("MOE_NV4_WARPS", 4), ("MOE_NV4_U", 8)],
+    &[("MOE_NV4_WARPS", 8), ("MOE_NV4_U", 2)],
+    &[("MOE_NV4_WARPS", 16), ("MOE_NV4_U", 2)],
+    &[("MOE_NV4_WARPS", 16), ("MOE_NV4_U", 1)],
+    &[("MOE_NV4_DOWN_WARPS", 8), ("MOE_NV4_DOWN_U", 6)],
+    &[("MOE_NV4_DOWN_WARPS", 8), ("MOE_NV4_DOWN_U", 3)],
+    &[("MOE_NV4_DOWN_WARPS", 16), ("MOE_NV4_DOWN_U", 5)],
+    &[("MOE_NV4_DOWN_WARPS", 16), ("MOE_NV4_DOWN_U", 3)],
+    &[("MOE_NV4_DOWN_WARPS", 4), ("MOE_NV4_DOWN_U", 18)],
+    &[("MOE_NV4_DOWN_WARPS", 4), ("MOE_NV4_DOWN_U", 9)],
+];
+
+/// Each variant's backend, named by its numbers.
+fn variants(b: &B, list: &[&[(&str, i64)]]) -> Result<Vec<(String, B)>> {
+    list.iter()
+        .map(|v| {
+            let name = match v {
+                [] => "limits.rs".to_string(),
+                _ => v.iter().map(|(n, x)| format!("{n}={x}")).collect::<Vec<_>>().join(" "),
+            };
+            Ok((name, b.with_kernel_defines(v)?))
+        })
+        .collect()
+}
+
+/// One line of the `nv4` sweep: time, the bytes' rate and the ceiling's multiple.
+fn nv4_row(r: &Report, case: &str, variant: &str, us: f64, bytes: f64) {
+    let ceiling = bytes / r.bandwidth * 1e6;
+    println!(
+        "nv4 {case:<30} {us:>8.2} µs  {:>5.2} TB/s  vt/ceiling {:>5.2}x  {variant}",
+        bytes / us * 1e-6,
+        us / ceiling
+    );
+}
+
+/// The NVFP4 GEMV (a full-attention layer's q, k and v rows in one launch; the output projection)
+/// and the fused MoE layer at Qwen3.5-35B-A3B's shapes under each launch shape of the lists above.
+fn nv4(b: &B, r: &Report) -> Result<()> {
+    let gemv_variants = variants(b, NV4_GEMV_VARIANTS)?;
+    for (n, k) in [(9216, H), (H, 4096)] {
+        let bytes = (n * k) as f64 * bytes_per_weight(true);
+        let copies = ((256e6 / bytes).ceil() as usize).max(1);
+        let ws = (0..copies as u64).map(|s| Linear::new(b, weight(b, true, n, k, s)?)).collect::<Result<Vec<_>>>()?;
+        for t in [1usize, 2, 8, 16] {
+            let x = b.random(DType::BF16, &[t, k], 9, 1.0)?;
+            for (name, vb) in &gemv_variants {
+                vb.linear(&x, &ws[0])?;
+                let time = vb.time_queued(100, 30.0, |i| vb.linear(&x, &ws[i % copies]).map(|_| ()))?;
+                nv4_row(r, &format!("gemv [{n}, {k}] t={t}"), name, time.device_us, bytes);
+            }
+        }
+    }
+    drop(gemv_variants);
+    let moe_variants = variants(b, NV4_MOE_VARIANTS)?;
+    let layers = (0..8).map(|l| MoeLayer::new(b, true, l + 1)).collect::<Result<Vec<_>>>()?;
+    for t in [1usize, 4, 16] {
+        let xs = (0..layers.len() as u64)
+            .map(|l| b.random(DType::BF16, &[t, H], 77 + l, 1.0))
+            .collect::<Result<Vec<_>>>()?;
+        for (name, vb) in &moe_variants {
+            let run = |i: usize| -> Result<()> {
+                let l = &layers[i % layers.len()];
+                vb.moe_block(&xs[i % layers.len()], &l.router, &l.experts, Some(&l.shared()))?;
+                Ok(())
+            };
+            for i in 0..layers.len() {
+                run(i)?;
+            }
+            let time = vb.time_queued(200, 30.0, run)?;
+            nv4_row(r, &format!("moe layer t={t}"), name, time.device_us, moe_bytes(t, true));
+        }
     }
     Ok(())
 }
@@ -356,6 +455,10 @@ fn main() -> Result<()> {
     if wanted("moe") {
         moe(&b, &r, false)?;
         moe(&b, &r, true)?;
+    }
+    // A sweep, only when named (tools/gpu/bench_decode.sh runs the rest in its time limit).
+    if std::env::var("VT_BENCH_CASES").is_ok() && wanted("nv4") {
+        nv4(&b, &r)?;
     }
     Ok(())
 }

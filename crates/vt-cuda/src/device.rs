@@ -63,6 +63,23 @@ impl CudaBackend {
         Ok(CudaBackend { inner: Arc::new(inner) })
     }
 
+    /// A backend on this one's device, stream and memory (a clone's, sharing its weights' derived
+    /// state) whose kernels take the numbers of limits.rs that `defines` names with its values:
+    /// for benchmarks that compare kernel shapes in one process (decode_bench's `nv4` case). Only
+    /// the kernel files that use one of the names are compiled again.
+    pub fn with_kernel_defines(&self, defines: &[(&str, i64)]) -> Result<CudaBackend> {
+        check(self.recording().is_none(), "with_kernel_defines", || "a recorder's kernels are its backend's".into())?;
+        let kernels = self.inner.kernels.with_defines(self.stream().context(), defines)?;
+        let inner = Inner {
+            id: self.inner.id,
+            kernels: Arc::new(kernels),
+            gemm: self.inner.gemm.clone(),
+            alloc: self.inner.alloc.clone(),
+            recording: None,
+        };
+        Ok(CudaBackend { inner: Arc::new(inner) })
+    }
+
     /// How many CUDA devices the driver sees.
     pub fn device_count() -> Result<usize> {
         CudaContext::device_count().map(|n| n.max(0) as usize).map_err(|e| driver_err("cuDeviceGetCount", e))

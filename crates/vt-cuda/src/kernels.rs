@@ -51,26 +51,68 @@ fn source(file: &str, src: &str) -> Result<String> {
     Ok(out)
 }
 
-/// NVRTC's options for `arch`: the language, and limits.rs's numbers as defines.
-fn options(arch: &str) -> Vec<String> {
+/// Limits.rs's numbers, each with its value in `defines` where that names it, else its value in
+/// `base` (a kernel set's numbers, or limits.rs's own). A name that is not limits.rs's is an error.
+fn numbers(defines: &[(&str, i64)], base: &[(&'static str, i64)]) -> Result<Vec<(&'static str, i64)>> {
+    if let Some((name, _)) = defines.iter().find(|(n, _)| !base.iter().any(|(b, _)| b == n)) {
+        return Err(Error::backend("cuda", format!("{name} is not one of the kernels' numbers (limits.rs)")));
+    }
+    Ok(base.iter().map(|&(n, v)| (n, defines.iter().find(|d| d.0 == n).map_or(v, |d| d.1))).collect())
+}
+
+/// NVRTC's options for `arch`: the language, and `numbers` (limits.rs's) as defines.
+fn options(arch: &str, numbers: &[(&str, i64)]) -> Vec<String> {
     // Keep in step with tools/gpu/check_kernels.py (`OPTIONS`, `defines`).
     let mut o = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()];
-    o.extend(DEFINES.iter().map(|(name, value)| format!("-D{name}={value}")));
+    o.extend(numbers.iter().map(|(name, value)| format!("-D{name}={value}")));
     o
 }
 
-/// PTX of every `(file, source)`, in order, compiled for `arch` side by side (NVRTC is CPU work and
-/// the files are independent: a backend starts in about the time of the slowest file,
-/// gdn_chunk.cu).
-fn compile_all(arch: &str, sources: &[(&str, &str)]) -> Result<Vec<Ptx>> {
+/// PTX of every `(file, source)`, in order, compiled for `arch` with `numbers` side by side (NVRTC
+/// is CPU work and the files are independent: a backend starts in about the time of the slowest
+/// file, gdn_chunk.cu).
+fn compile_all(arch: &str, sources: &[(&str, &str)], numbers: &[(&str, i64)]) -> Result<Vec<Ptx>> {
     sources
         .par_iter()
         .map(|&(file, src)| {
-            let opts = CompileOptions { options: options(arch), name: Some(file.into()), ..Default::default() };
+            let opts =
+                CompileOptions { options: options(arch, numbers), name: Some(file.into()), ..Default::default() };
             compile_ptx_with_opts(source(file, src)?, opts)
                 .map_err(|e| Error::backend("cuda", format!("kernels/{file} does not compile: {e:?}")))
         })
         .collect()
+}
+
+/// Which of `sources` a kernel set made from another one with `defines` compiles again: those
+/// whose source (headers included) uses one of the names.
+fn to_compile(sources: &[(&str, &str)], defines: &[(&str, i64)]) -> Vec<bool> {
+    sources
+        .iter()
+        .map(|&(file, src)| defines.iter().any(|(n, _)| source(file, src).is_ok_and(|s| s.contains(n))))
+        .collect()
+}
+
+/// The launch shapes limits.rs states for the NVFP4 decode kernels, as a kernel set was compiled
+/// with them (a bench's variant may change them: `CudaBackend::with_kernel_defines`).
+pub struct Nv4Shape {
+    /// k tiles a GEMV warp has in flight, and most warps of a GEMV block.
+    pub gemv_tiles: usize,
+    pub gemv_max_warps: usize,
+    /// Warps of a MoE gate/up block and of a MoE down block.
+    pub moe_warps: usize,
+    pub moe_down_warps: usize,
+}
+
+impl Nv4Shape {
+    fn of(numbers: &[(&str, i64)]) -> Self {
+        let n = |name| numbers.iter().find(|d| d.0 == name).map_or(1, |d| d.1.max(1) as usize);
+        Nv4Shape {
+            gemv_tiles: n("GEMV_NV4_TILES"),
+            gemv_max_warps: n("GEMV_NV4_MAX_WARPS"),
+            moe_warps: n("MOE_NV4_WARPS"),
+            moe_down_warps: n("MOE_NV4_DOWN_WARPS"),
+        }
+    }
 }
 
 fn load(ctx: &Arc<CudaContext>, file: &str, ptx: Ptx) -> Result<Arc<CudaModule>> {
@@ -92,17 +134,43 @@ macro_rules! kernels {
             pub sm_count: usize,
             /// Shared memory a block may opt in to (bytes): kernels that need more are not taken.
             pub max_shared: usize,
+            /// The NVFP4 decode kernels' launch shapes these were compiled for.
+            pub nv4: Nv4Shape,
+            /// Limits.rs's numbers as these kernels were compiled with them.
+            numbers: Vec<(&'static str, i64)>,
         }
 
         impl Kernels {
             pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+                Self::build(ctx, DEFINES.to_vec(), None)
+            }
+
+            /// These kernels with the numbers of limits.rs that `defines` names set to its values:
+            /// the files that use one are compiled again, the others' functions shared.
+            pub fn with_defines(&self, ctx: &Arc<CudaContext>, defines: &[(&str, i64)]) -> Result<Self> {
+                let fresh = to_compile(SOURCES, defines);
+                Self::build(ctx, numbers(defines, &self.numbers)?, Some((self, fresh)))
+            }
+
+            /// Kernels compiled with `numbers`: every file, or those `base` flags (the rest are its).
+            fn build(ctx: &Arc<CudaContext>, numbers: Vec<(&'static str, i64)>, base: Option<(&Kernels, Vec<bool>)>) -> Result<Self> {
                 let (major, minor) = ctx.compute_capability().map_err(|e| driver_err("compute capability", e))?;
                 let arch = format!("sm_{major}{minor}");
-                // One PTX per file, in the order of `SOURCES`.
-                let mut ptx = compile_all(&arch, SOURCES)?.into_iter();
+                let fresh = base.as_ref().map_or_else(|| vec![true; SOURCES.len()], |(_, f)| f.clone());
+                let chosen: Vec<_> = SOURCES.iter().zip(&fresh).filter(|(_, f)| **f).map(|(s, _)| *s).collect();
+                // One PTX per compiled file, in the order of `SOURCES`.
+                let mut ptx = compile_all(&arch, &chosen, &numbers)?.into_iter();
+                let base = base.map(|(b, _)| b);
+                let mut fresh = fresh.into_iter();
                 $(
-                    let module = load(ctx, $file, ptx.next().expect("one PTX per file"))?;
-                    $(let $name = module.load_function(stringify!($name)).map_err(|e| driver_err(concat!("kernel ", stringify!($name)), e))?;)*
+                    let compiled = fresh.next().expect("a flag per file");
+                    let ($($name,)*) = match base {
+                        Some(b) if !compiled => ($(b.$name.clone(),)*),
+                        _ => {
+                            let module = load(ctx, $file, ptx.next().expect("one PTX per compiled file"))?;
+                            ($(module.load_function(stringify!($name)).map_err(|e| driver_err(concat!("kernel ", stringify!($name)), e))?,)*)
+                        }
+                    };
                 )*
                 let sm_count = ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -110,7 +178,7 @@ macro_rules! kernels {
                 let max_shared = ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
                     .map_err(|e| driver_err("shared memory per block", e))? as usize;
-                Ok(Kernels { $($($name,)*)* sm_count, max_shared })
+                Ok(Kernels { $($($name,)*)* sm_count, max_shared, nv4: Nv4Shape::of(&numbers), numbers })
             }
         }
     };
@@ -170,13 +238,13 @@ pub(crate) fn c_equal(expr: &str, value: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{compile_all, options, source, CompileOptions, NAMES, SOURCES};
+    use super::{compile_all, numbers, options, source, to_compile, CompileOptions, DEFINES, NAMES, SOURCES};
 
     /// Needs libnvrtc on the library path (no GPU): the files compile side by side and each PTX
     /// lands with its own file.
     #[test]
     fn every_file_compiles_to_its_own_ptx() {
-        let ptx = compile_all("sm_90", SOURCES).unwrap();
+        let ptx = compile_all("sm_90", SOURCES, DEFINES).unwrap();
         assert_eq!(ptx.len(), SOURCES.len());
         for ((ptx, (file, _)), names) in ptx.iter().zip(SOURCES).zip(NAMES) {
             let text = ptx.to_src();
@@ -201,12 +269,58 @@ mod tests {
         for (file, checks) in mirrors {
             let (_, src) = SOURCES.iter().find(|(f, _)| *f == file).unwrap();
             let text = format!("{}\n{}\n", source(file, src).unwrap(), checks.join("\n"));
-            let mut options = options("sm_90");
+            let mut options = options("sm_90", DEFINES);
             options.push("-fdevice-syntax-only".into());
             let opts = CompileOptions { options, name: Some(file.into()), ..Default::default() };
             if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(text, opts) {
                 panic!("{file} disagrees with vt-cuda: {e:?}");
             }
+        }
+    }
+
+    /// A kernel set with other numbers compiles again exactly the files that use one (headers
+    /// included), with the new values in place of its base's; an unknown name is an error.
+    #[test]
+    fn defines_recompile_the_files_that_use_them() {
+        let files = |defines: &[(&str, i64)]| -> Vec<&str> {
+            SOURCES.iter().zip(to_compile(SOURCES, defines)).filter(|(_, f)| *f).map(|((file, _), _)| *file).collect()
+        };
+        assert_eq!(files(&[("MOE_NV4_DOWN_U", 3)]), ["moe_decode.cu"]);
+        assert_eq!(files(&[("GEMV_NV4_TILES", 2), ("MOE_NV4_WARPS", 4)]), ["gemv.cu", "moe_decode.cu"]);
+        assert!(files(&[("NV4_K", 64)]).len() > 3, "nvfp4.cuh's includers and common.cuh use NV4_K");
+        assert!(numbers(&[("GEMV_NV4_TILE", 2)], DEFINES).is_err());
+        let first = numbers(&[("GEMV_NV4_TILES", 2)], DEFINES).unwrap();
+        let second = numbers(&[("GEMV_NV4_MAX_WARPS", 8)], &first).unwrap();
+        let o = options("sm_90", &second);
+        assert!(o.contains(&"-DGEMV_NV4_TILES=2".to_string()) && o.contains(&"-DGEMV_NV4_MAX_WARPS=8".to_string()));
+        assert_eq!(o.iter().filter(|o| o.starts_with("-DGEMV_NV4_TILES=")).count(), 1);
+        assert_eq!(o.len(), options("sm_90", DEFINES).len());
+    }
+
+    /// The NVFP4 decode kernels compile at the edges of the shapes decode_bench sweeps.
+    #[test]
+    fn nvfp4_decode_kernels_compile_at_other_shapes() {
+        let files: Vec<_> = SOURCES.iter().copied().filter(|(f, _)| ["gemv.cu", "moe_decode.cu"].contains(f)).collect();
+        for defines in [
+            &[
+                ("GEMV_NV4_TILES", 1),
+                ("GEMV_NV4_MAX_WARPS", 4),
+                ("MOE_NV4_WARPS", 16),
+                ("MOE_NV4_U", 1),
+                ("MOE_NV4_DOWN_WARPS", 16),
+                ("MOE_NV4_DOWN_U", 3),
+            ][..],
+            &[
+                ("GEMV_NV4_TILES", 8),
+                ("GEMV_NV4_MAX_WARPS", 8),
+                ("MOE_NV4_WARPS", 4),
+                ("MOE_NV4_U", 8),
+                ("MOE_NV4_DOWN_WARPS", 4),
+                ("MOE_NV4_DOWN_U", 18),
+            ][..],
+        ] {
+            let numbers = numbers(defines, DEFINES).unwrap();
+            assert_eq!(compile_all("sm_90", &files, &numbers).unwrap().len(), 2, "{defines:?}");
         }
     }
 }

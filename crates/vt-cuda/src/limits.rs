@@ -73,8 +73,17 @@ shared! {
     /// NVFP4 weights on the device (kernels/nvfp4.cuh, nvfp4.rs): rows and inputs of a tile.
     NV4_ROWS: usize = 16;
     NV4_K: usize = 64;
-    /// Warps of a block of the NVFP4 GEMV (a 16-row block, its warps splitting k).
-    GEMV_NV4_WARPS: usize = 4;
+    /// The NVFP4 decode kernels' shape (kernels/gemv.cu, moe_decode.cu), which decode_bench's
+    /// `nv4` case sweeps (`CudaBackend::with_kernel_defines`): k tiles a GEMV warp has in flight
+    /// and most warps of its block (a 16-row block, its warps splitting k: vt-cuda gives a warp
+    /// about GEMV_NV4_TILES tiles); warps of a MoE gate/up block and the tiles of each weight a
+    /// warp has in flight; warps of a MoE down block and the tiles each has in flight.
+    GEMV_NV4_TILES: usize = 4;
+    GEMV_NV4_MAX_WARPS: usize = 16;
+    MOE_NV4_WARPS: usize = 8;
+    MOE_NV4_U: usize = 4;
+    MOE_NV4_DOWN_WARPS: usize = 8;
+    MOE_NV4_DOWN_U: usize = 9;
     /// NVFP4 on tensor cores for prefill (w4a16.cu): weight rows of a block's tile (8 row blocks),
     /// pipeline stages, and a grouped MoE tile's 32-slot row groups (32 * W4_MOE_MI slots a tile).
     W4_BN: usize = 128;

@@ -416,9 +416,12 @@ pub fn linear_decode_gemv_few_tokens<G: Backend>(dev: &OnDevice<G>) {
     // 8-token column tiles), except rows of 520 and 208 inputs (not whole 32-input chunks), which
     // stay on the CUDA cores (and past 8 tokens go to cuBLASLt). vt-cuda's NVFP4 takes its
     // tensor-core GEMV at every count (8-token column tiles, two past 8) in 16 x 64 tiles: rows
-    // past a 16-row block, and inputs past a 64-input tile (96, 208: a last tile of 2 and of 1 k
-    // step), are padding it must not count.
-    for (n, k) in [(37, 1024), (300, 96), (8, 4096), (9001, 256), (33001, 64), (70001, 64), (45, 520), (21, 208)] {
+    // past a 16-row block, and inputs past a 64-input tile (96, 208, 4128: a last tile of 2, 1
+    // and 2 k steps), are padding it must not count; a row block's tiles are split over 1 to 16
+    // warps, and rows of 4128 inputs take a second round of tiles (kernels/gemv.cu).
+    for (n, k) in
+        [(37, 1024), (300, 96), (8, 4096), (24, 4128), (9001, 256), (33001, 64), (70001, 64), (45, 520), (21, 208)]
+    {
         let mut weights = vec![HostWeight::bf16(&mut r, n, k)];
         if k % 16 == 0 {
             weights.push(HostWeight::nvfp4(&mut r, n, k));
@@ -466,6 +469,9 @@ pub fn moe_block_decode_every_router_format_and_shared_expert<G: Backend>(dev: &
         (64, 32, 300, &[("gated", 3)]),
         // Rows and inputs past whole 16 x 64 NVFP4 tiles (208 = 3 tiles and a step, 80 = 1 and 1).
         (208, 80, 24, &[("gated", 3)]),
+        // vt-cuda's NVFP4 kernels in more than one round of tiles a warp: rows of 2112 inputs (33
+        // tiles) for gate/up, and 9 slots of 528 (9 tiles each, the last partial) for down.
+        (2112, 528, 24, &[("gated", 1), ("plain", 2)]),
         (1024, 256, 128, &[("gated", 1), ("gated", 8), ("plain", 12), ("gated", 16)]),
     ] {
         let router_w = HostWeight::bf16(&mut r, n_exp, h);

@@ -9,7 +9,7 @@ use vt_core::{DType, Result, Weight};
 use crate::device::CudaBackend;
 use crate::error::{check, err};
 use crate::launch::{i32_of, Overlapped};
-use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_NV4_WARPS, GEMV_ROWS, NV4_ROWS};
+use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS, NV4_K, NV4_ROWS};
 use crate::weight::WeightDesc;
 
 // A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
@@ -63,7 +63,9 @@ struct Tiling<'a> {
 /// lighter kernel (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole 32-input chunks
 /// take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up to GEMV_MAX_T). NVFP4
 /// takes its tensor-core kernels at any count up to GEMV_MMA_MAX_T: a block per 16-row block of
-/// its tiled layout, GEMV_NV4_WARPS warps splitting k.
+/// its tiled layout, its warps splitting k so that each has about `gemv_tiles` of the row's 64-input
+/// tiles, all in flight at once (kernels/gemv.cu), up to `gemv_max_warps` (limits.rs's numbers the
+/// kernels were compiled with).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
     let cores = |f| {
@@ -77,12 +79,15 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
     let kf = b.k();
     match w {
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
-        Weight::Nvfp4(_) => Some(Tiling {
-            f: if t > GEMV_MAX_T { &kf.gemv_nvfp4_t16 } else { &kf.gemv_nvfp4 },
-            group_rows: NV4_ROWS,
-            warps: GEMV_NV4_WARPS,
-            ks: GEMV_NV4_WARPS,
-        }),
+        Weight::Nvfp4(_) => {
+            let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
+            Some(Tiling {
+                f: if t > GEMV_MAX_T { &kf.gemv_nvfp4_t16 } else { &kf.gemv_nvfp4 },
+                group_rows: NV4_ROWS,
+                warps,
+                ks: warps,
+            })
+        }
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
             let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
                 (true, false) => (&kf.gemv_bf16_mma2, 2),
@@ -194,7 +199,8 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     };
     // SAFETY: gemv_bf16(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
     // block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows;
-    // gemv_nvfp4(_t16)(same): GEMV_NV4_WARPS (= ks) warps on one 16-row block (kernel_for); part i
+    // gemv_nvfp4(_t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block (kernel_for,
+    // the kernels' own number); part i
     // owns blocks first_block[i].. covering its n[i] rows (for NVFP4, row blocks < ceil(n[i] / 16)
     // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1; t <= GEMV_MMA_MAX_T for
     // _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows

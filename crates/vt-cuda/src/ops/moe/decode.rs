@@ -24,7 +24,7 @@ use crate::weight::WeightDesc;
 /// `MOE_DEC_SLOTS` (MOE_DEC_MAX_T x (ROUTE_MAX_K + 1), kernels/moe_decode.cu).
 const DOWN_STATIC_SHARED: usize = MOE_DEC_MAX_T * (ROUTE_MAX_K + 1) * (std::mem::size_of::<WeightDesc>() + 4);
 
-/// Whether the down kernel can stage a token's `slots` activation rows of `inter` floats in the
+/// Whether the down kernels can stage a token's `slots` activation rows of `inter` floats in the
 /// dynamic shared memory a block may use on this device (`max_shared`).
 fn staged_fits(slots: usize, inter: usize, max_shared: usize) -> bool {
     4 * slots * inter + DOWN_STATIC_SHARED <= max_shared
@@ -170,48 +170,47 @@ pub(crate) fn moe_block(
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
     // bf16: a warp per unit, 4 a block; NVFP4: a block per 16 units (a row block of the tiled
-    // layout), its 4 warps splitting the inputs.
-    let (gate_up, units) =
-        if fp4 { (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS) } else { (&b.k().moe_dec_gate_up_bf16, 4) };
+    // layout), its MOE_NV4_WARPS warps splitting the inputs.
+    let (gate_up, units, warps) = if fp4 {
+        (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS, b.k().nv4.moe_warps)
+    } else {
+        (&b.k().moe_dec_gate_up_bf16, 4, 4)
+    };
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(units) as u32, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: moe_dec_gate_up_*(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16*
     // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter /
-    // units) of 128 threads (NVFP4: row blocks < ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
+    // units) of 128 threads (NVFP4: 32 MOE_NV4_WARPS, the kernel's own number, row blocks <
+    // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
     // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
     // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter floats
     // and down_desc t * slots descs (8-byte aligned: the scratch's start).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
-    // bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of kernels/moe_decode.cu), no
-    // more blocks than output rows, a token's activations staged in dynamic shared memory. NVFP4:
-    // a block per (16-row block of the output, token).
-    let (down, cfg) = if fp4 {
+    // Both stage a token's activations in dynamic shared memory. bf16: one resident wave
+    // (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of kernels/moe_decode.cu), no more blocks than output
+    // rows. NVFP4: a block of MOE_NV4_DOWN_WARPS warps per (16-row block of the output, token).
+    let staged = 4 * slots * inter;
+    let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
-        (
-            &b.k().moe_dec_down_nvfp4,
-            LaunchConfig { grid_dim: grid, block_dim: (MOE_DEC_THREADS as u32, 1, 1), shared_mem_bytes: 0 },
-        )
+        (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps)
     } else {
-        let staged = 4 * slots * inter;
-        let down = &b.k().moe_dec_down_bf16;
-        allow_shared(down, staged, "moe_dec_down")?;
         let grid = ((t * h).min(MOE_DEC_WAVE_BF16 * b.k().sm_count).max(1) as u32, 1, 1);
-        (
-            down,
-            LaunchConfig { grid_dim: grid, block_dim: (MOE_DEC_THREADS as u32, 1, 1), shared_mem_bytes: staged as u32 },
-        )
+        (&b.k().moe_dec_down_bf16, grid, MOE_DEC_THREADS)
     };
+    allow_shared(down, staged, "moe_dec_down")?;
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: staged as u32 };
     let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
-    // slot_w, int t, int slots, int hidden, int inter): MOE_DEC_THREADS threads a block; bf16:
-    // slots * inter floats of dynamic shared memory (allowed above); NVFP4: grid (ceil(h / 16), t),
+    // slot_w, int t, int slots, int hidden, int inter): slots * inter floats of dynamic shared
+    // memory (allowed above); bf16: MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS
+    // (the kernel's own number), grid (ceil(h / 16), t),
     // row blocks < ceil(h / 16) of each down matrix's tiled layout; down_desc holds the t * slots
     // slots' down matrices [h, inter] (written on this stream before, by the gate/up kernel),
     // slot_w their multipliers; act holds t * slots * inter floats (rows of whole 8-byte pairs:
