@@ -11,13 +11,15 @@ __device__ __forceinline__ void lp_better(float& bv, int& bi, float ov, int oi) 
     if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
 }
 
+// Block r reads row rows[r] of x (row r where `rows` is null: several blocks may read one row).
 // lp_out[r * (k + 1)]: chosen[r]'s log-probability, then the k top ones; id_out[r * k + j]: their
 // ids, -1 past the row's values that are not NaN.
-extern "C" __global__ void top_logprobs(float* lp_out, int* id_out, const bf16* x, const unsigned* chosen, int n, int k) {
+extern "C" __global__ void top_logprobs(float* lp_out, int* id_out, const bf16* x, const unsigned* chosen, const int* rows,
+                                        int n, int k) {
     __shared__ float red[32];
     __shared__ float cv[32];
     __shared__ int ci[32];
-    const bf16* row = x + (long long)blockIdx.x * n;
+    const bf16* row = x + (long long)(rows == nullptr ? (int)blockIdx.x : rows[blockIdx.x]) * n;
     float m = __int_as_float(0xff800000);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = bf2f(row[i]);

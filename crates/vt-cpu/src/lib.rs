@@ -5,11 +5,12 @@
 mod alloc;
 pub mod ops;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use vt_core::backend::check;
 use vt_core::backend::prelude::*;
+use vt_core::backend::{check, composed, Pick, SampleRow, Sampled, TokenLogprobs};
 use vt_core::{
     AttentionParams, DType, Error, GateAct, GdnInputs, GdnMode, KvLayout, KvSeq, Linear, MemoryStats, MoeExperts,
     NormKind, Result, Rope, Router, Tensor,
@@ -30,6 +31,8 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 pub struct CpuBackend {
     alloc: Arc<Allocator>,
     id: u64,
+    /// Bytes `to_f32` has copied out, by every clone.
+    read_back: Arc<AtomicUsize>,
 }
 
 impl CpuBackend {
@@ -41,7 +44,15 @@ impl CpuBackend {
         CpuBackend {
             alloc: Arc::new(Allocator::new(mode, HostMemory)),
             id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            read_back: Arc::default(),
         }
+    }
+
+    /// Bytes `to_f32` has copied out so far, by this backend and its clones: what a device
+    /// backend would move to the host. The picking ops (`argmax_rows`, `top_logprobs_rows`,
+    /// `sample_rows`) read the logits where they are, as a device backend does, and add nothing.
+    pub fn bytes_read_back(&self) -> usize {
+        self.read_back.load(Ordering::Relaxed)
     }
 
     pub fn alloc_mode(&self) -> AllocMode {
@@ -68,6 +79,14 @@ impl Default for CpuBackend {
 
 fn err(reason: impl Into<String>) -> Error {
     Error::backend("cpu", reason)
+}
+
+/// The values of a float tensor where they are (f32), or decoded (other float dtypes).
+fn values<'a>(t: &'a Tensor<CpuBackend>, op: &str) -> Result<Cow<'a, [f32]>> {
+    match t.dtype() {
+        DType::F32 => Ok(Cow::Borrowed(t.buffer().f32s())),
+        _ => small_f32(t, op).map(Cow::Owned),
+    }
 }
 
 /// The f32 data of an activation tensor, or an error naming the op.
@@ -144,7 +163,24 @@ impl Device for CpuBackend {
     }
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
-        small_f32(t, "to_f32")
+        let out = small_f32(t, "to_f32")?;
+        self.read_back.fetch_add(out.len() * 4, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn argmax_rows(&self, x: &Tensor<Self>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
+        composed::check_allowed(x, allowed)?;
+        Ok(composed::argmax_host(&values(x, "argmax_rows")?, x.last_dim(), allowed))
+    }
+
+    fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
+        composed::check_chosen(x, chosen)?;
+        Ok(composed::top_logprobs_host(&values(x, "top_logprobs_rows")?, x.last_dim(), chosen, k))
+    }
+
+    fn sample_rows(&self, x: &Tensor<Self>, picks: &[SampleRow<'_>], top: Option<usize>) -> Result<Sampled> {
+        vt_core::backend::sample::check_picks(x.rows(), x.last_dim(), picks)?;
+        Ok(composed::sample_host(&values(x, "sample_rows")?, x.last_dim(), picks, top))
     }
 }
 

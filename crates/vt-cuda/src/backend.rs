@@ -7,7 +7,7 @@ use half::bf16;
 // vt-core's argument checks, as `args`: `check` here is crate::error's (this backend's own limits).
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
-use vt_core::backend::Pick;
+use vt_core::backend::{Pick, SampleRow, Sampled};
 use vt_core::{
     AttentionParams, DType, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvLayout, KvSeq, Linear, MemoryStats,
     MoeExperts, NormKind, ReplayInputs, Result, Rope, Router, SharedExpert, Tensor, TokenLogprobs,
@@ -105,6 +105,10 @@ impl Device for CudaBackend {
 
     fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
         crate::ops::logprobs::top_logprobs_rows(self, x, chosen, k)
+    }
+
+    fn sample_rows(&self, x: &Tensor<Self>, picks: &[SampleRow<'_>], top_logprobs: Option<usize>) -> Result<Sampled> {
+        crate::ops::sample::sample_rows(self, x, picks, top_logprobs)
     }
 
     fn random(&self, dtype: DType, shape: &[usize], seed: u64, scale: f32) -> Result<Tensor<Self>> {

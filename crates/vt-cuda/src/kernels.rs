@@ -189,6 +189,7 @@ kernels! {
     "rope.cu" => [rope, rope_seqs],
     "argmax.cu" => [argmax_part, argmax_rows],
     "logprobs.cu" => [top_logprobs],
+    "sample.cu" => [sample_rows],
     "linear.cu" => [linear_rows],
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
@@ -264,6 +265,7 @@ mod tests {
             ("moe_prefill.cu", crate::ops::moe::routing_mirrors()),
             ("attn_decode.cu", crate::ops::attention::decode::mirrors()),
             ("gdn_chunk.cu", crate::ops::gdn::chunk::mirrors()),
+            ("sample.cu", crate::ops::sample::mirrors()),
             ("w4a16.cu", [crate::w4a16::mirrors(), crate::nvfp4::mirrors()].concat()),
         ];
         for (file, checks) in mirrors {

@@ -51,6 +51,7 @@ vt_test_support::op_tests!(cuda() =>
     random_fill_matches_the_host_definition,
     argmax_rows_on_the_device_is_the_greedy_rule,
     top_logprobs_on_the_device_match_the_reference,
+    sample_rows_on_the_device_draw_as_the_reference,
 );
 
 #[test]

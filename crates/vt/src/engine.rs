@@ -350,9 +350,11 @@ fn finite_row(logits: &[f32], row: usize, vocab: usize) -> Result<&[f32], Event>
     vt_core::backend::check_finite(raw).map(|()| raw).map_err(|e| Event::Failed(e.to_string()))
 }
 
-/// What a step reads back to choose its tokens: one per logits row, or the rows themselves.
+/// What a step reads back to choose its tokens: one per logits row (then, where sampled, one per
+/// further choice forking off in this step: `sample_picks`), or the rows themselves.
 enum Picks {
-    /// Greedy picks (under the grammars' masks), with their logprobs when a sequence asks for them.
+    /// Picks made where the logits are (under the grammars' masks), with their logprobs when a
+    /// sequence asks for them.
     Ids(Vec<Pick>, Option<Vec<TokenLogprobs>>),
     Logits(Vec<f32>),
 }
@@ -546,14 +548,17 @@ impl<B: Backend> Engine<B> {
         self.drop_cancelled();
         let mut take = self.schedule();
         let (drafts, mut failed) = self.draft(&mut take);
-        // A sequence needs a token when this step ends its pending tokens. When all that do are
-        // greedy (a grammar's mask goes to the device), the tokens are picked where the logits are
-        // and only they are read back.
+        // A sequence needs a token when this step ends its pending tokens. The tokens are picked
+        // where the logits are (a grammar's mask goes to the device) and only they are read back:
+        // greedy ones by `argmax_rows` when all are greedy, else each by `sample_rows`. A
+        // verification of a sequence that samples or penalises reads its rows back instead (its
+        // later rows' penalties depend on the drafts it accepts before them).
         let needs: Vec<bool> = (self.running.iter().zip(&take).zip(&drafts))
             .map(|((s, &n), d)| n > 0 && (d.is_some() || n == s.pending().len()))
             .collect();
         let greedy = (self.running.iter().zip(&needs)).all(|(s, &need)| !need || s.sampler.is_greedy());
-        // Greedy picks' logprobs are computed where the logits are, for the most any sequence asks.
+        let host = (self.running.iter().zip(&drafts)).any(|(s, d)| d.is_some() && !s.sampler.is_greedy());
+        // Picks' logprobs are computed where the logits are, for the most any sequence asks.
         let top_k = (self.running.iter().zip(&needs)).filter(|(_, &need)| need).filter_map(|(s, _)| s.logprobs).max();
         // A verification runs the pending token, then the drafts.
         let verify_ids: Vec<Option<Vec<u32>>> = (self.running.iter().zip(&drafts))
@@ -588,6 +593,8 @@ impl<B: Backend> Engine<B> {
         drop(grammars);
         let backend = self.model.backend();
         let vocab = self.limits.spec.vocab;
+        // Where each sequence's further choices' own picks start, when they have them (sampled).
+        let mut fork_at: Option<Vec<usize>> = None;
         let picks = out.and_then(|out| {
             let l = &out.logits;
             // Each running sequence's rows of the logits (none where it did not run).
@@ -605,8 +612,14 @@ impl<B: Backend> Engine<B> {
                     None => None,
                 };
                 Picks::Ids(picks, logprobs)
-            } else {
+            } else if host {
                 Picks::Logits(backend.to_f32(l)?)
+            } else {
+                let words = mask_rows(&masks, vocab);
+                let (list, at) = sample_picks(&mut self.running, &needs, &rows, l.rows(), &words);
+                fork_at = Some(at);
+                let sampled = backend.sample_rows(l, &list, top_k)?;
+                Picks::Ids(sampled.picks, sampled.logprobs)
             };
             Ok((picks, rows, out.hidden))
         });
@@ -640,9 +653,9 @@ impl<B: Backend> Engine<B> {
                 continue; // verified above, or mid-prompt: this chunk's logits are not needed
             }
             let row = rows[i].start;
-            // The request's further choices fork off here and take this row too; they copy the
-            // grammar before this choice's token moves it.
-            for f in std::mem::take(&mut s.forks) {
+            // The request's further choices fork off here and take this row too (their own picks
+            // of it where they sample); they copy the grammar before this choice's token moves it.
+            for (j, f) in std::mem::take(&mut s.forks).into_iter().enumerate() {
                 if f.cancel.is_cancelled() {
                     let mut sink = f.sink;
                     sink(Event::Done(Finish::Cancelled));
@@ -655,7 +668,8 @@ impl<B: Backend> Engine<B> {
                 match child {
                     Ok(state) => {
                         self.next_seq += 1;
-                        forked.push((s.fork(f, state, self.next_seq - 1), s.id, row));
+                        let pick = fork_at.as_ref().map_or(row, |at| at[i] + j);
+                        forked.push((s.fork(f, state, self.next_seq - 1), s.id, pick));
                     }
                     Err(e) => {
                         let mut sink = f.sink;
@@ -670,7 +684,7 @@ impl<B: Backend> Engine<B> {
             if let Some(d) = &mut self.drafter {
                 d.fork(parent, child.id);
             }
-            // Greedy picks were made under the first choice's mask, which a fork's is.
+            // Picks on the device were made under the first choice's mask, which a fork's is.
             let mask = match picks {
                 Picks::Ids(..) => None,
                 Picks::Logits(_) => child.grammar.as_mut().map(|g| g.mask()),
@@ -931,6 +945,62 @@ fn allowed_bits(
         }
     }
     Some(bits)
+}
+
+/// Each sequence's grammar mask as `SampleRow::allowed` takes it, where it has one.
+fn mask_rows(masks: &[Option<crate::Result<TokenMask>>], vocab: usize) -> Vec<Option<Vec<u32>>> {
+    (masks.iter())
+        .map(|m| {
+            let Some(Ok(mask)) = m else { return None };
+            let mut words = vec![0; mask_words(vocab)];
+            mask.write_words(&mut words);
+            Some(words)
+        })
+        .collect()
+}
+
+/// The picks of a step whose tokens `Device::sample_rows` draws: one per logits row (`n_rows`),
+/// row `rows[i].start` drawn by sequence `i`'s sampler where it needs a token (`needs`; one that
+/// verifies drafts here is greedy, as its other rows are) under its mask (`words`), every other
+/// row greedy; then
+/// one for each further choice forking off a sequence here, by the choice's own sampler from the
+/// same row. Returns them, and where each sequence's choices' picks start.
+fn sample_picks<'a, B: Backend>(
+    running: &'a mut [Running<B>],
+    needs: &[bool],
+    rows: &[Range<usize>],
+    n_rows: usize,
+    words: &'a [Option<Vec<u32>>],
+) -> (Vec<vt_core::backend::SampleRow<'a>>, Vec<usize>) {
+    // The draws first (they advance the generators), then the picks that borrow the samplers.
+    let uniforms: Vec<Option<(f64, Vec<f64>)>> = (running.iter_mut().zip(needs))
+        .map(|(s, &need)| {
+            need.then(|| (s.sampler.uniform(), s.forks.iter_mut().map(|f| f.sampler.uniform()).collect()))
+        })
+        .collect();
+    let greedy = |row| vt_core::backend::SampleRow {
+        row,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        adjust: &[],
+        allowed: None,
+        uniform: 0.0,
+    };
+    let mut list: Vec<_> = (0..n_rows).map(greedy).collect();
+    let mut at = vec![0; running.len()];
+    for (i, s) in running.iter().enumerate() {
+        let Some((own, forks)) = &uniforms[i] else { continue };
+        let row = rows[i].start;
+        list[row] = s.sampler.pick(row, words[i].as_deref(), *own);
+        at[i] = list.len();
+        for (f, &u) in s.forks.iter().zip(forks) {
+            list.push(f.sampler.pick(row, words[i].as_deref(), u));
+        }
+    }
+    (list, at)
 }
 
 enum Msg {

@@ -74,8 +74,8 @@ fn json_schema_output_is_valid_however_it_samples() {
 
 /// Greedy rows under a grammar are picked by the backend's `argmax_rows` with the masks as
 /// bitsets (batched here with an unconstrained row between two constrained ones, so each mask
-/// must land on its own row); the host path (a zero `logit_bias` makes a request take it: the
-/// rows read back, `TokenMask::apply`, the sampler's argmax) picks the same tokens.
+/// must land on its own row); the sampling path (a zero `logit_bias` makes a request take it:
+/// `sample_rows` at temperature 0, the mask as the pick's `allowed`) picks the same tokens.
 #[test]
 fn greedy_masks_on_the_backend_pick_as_the_host_path() {
     let dir = repo_root().join("models/default");

@@ -101,7 +101,7 @@ fn reused_states_compute_as_new_ones_on_every_fixture() {
     }
 }
 
-/// Greedy sequences batched with sampled and penalised ones (whose step reads the logits back)
+/// Greedy sequences batched with sampled and penalised ones (whose steps take `sample_rows`)
 /// and alone (whose steps take `argmax_rows`) get the same tokens, each from its own row.
 #[test]
 fn greedy_sampled_and_penalised_sequences_batch_as_alone() {
@@ -133,6 +133,62 @@ fn greedy_sampled_and_penalised_sequences_batch_as_alone() {
         assert_eq!(together[i], run(&[i])[0], "sequence {i} ({:?})", sampling[i]);
         assert_eq!(together[i].len(), GEN);
     }
+}
+
+/// Sampled steps pick where the logits are: an engine running sampled, filtered, penalised and
+/// biased requests, with logprobs and a request of two choices, reads no logits back
+/// (`CpuBackend::bytes_read_back` counts what `to_f32` copies out, as a device backend would
+/// copy it; the picking ops read the logits in place), and each choice gets the tokens the host
+/// sampler (`vt::generate`, which reads every row back) draws with its seed.
+#[test]
+fn sampled_steps_read_no_logits_back_and_draw_as_the_host_sampler() {
+    const GEN: usize = 8;
+    let b = CpuBackend::new();
+    let dir = fixture("qwen3moe");
+    let model = Model::load(&b, &dir).unwrap();
+    let ps = prompts(model.spec().vocab, 3);
+    let sampling = [
+        SamplingParams { temperature: 0.9, top_p: 0.8, seed: 3, ..Default::default() },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 20,
+            min_p: 0.02,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(5, 2.0), (9, -1.0)],
+            seed: 5,
+            ..Default::default()
+        },
+        SamplingParams { frequency_penalty: 0.5, ..Default::default() },
+    ];
+    let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), EngineConfig::default()).unwrap();
+    // Request 0 has two choices, seeds 3 and 4.
+    let mut logs: Vec<(usize, u64, Log)> = Vec::new();
+    for (i, p) in sampling.iter().enumerate() {
+        let choices = if i == 0 { 2 } else { 1 };
+        let (choice_logs, sinks): (Vec<Log>, Vec<vt::Sink>) = (0..choices).map(|_| collect()).unzip();
+        let req = Request { sampling: p.clone(), logprobs: Some(3), ..request(ps[i].clone(), GEN) };
+        engine.add_choices(req, sinks).unwrap();
+        logs.extend(choice_logs.into_iter().enumerate().map(|(c, l)| (i, p.seed + c as u64, l)));
+    }
+    let before = b.bytes_read_back();
+    run_to_end(&mut engine);
+    assert_eq!(b.bytes_read_back(), before, "bytes read back by the engine's steps");
+    for (i, seed, log) in &logs {
+        let events = log.lock().unwrap().clone();
+        let lps = events.iter().filter(|e| matches!(e, Event::Logprobs(l) if l.top.len() == 3)).count();
+        assert_eq!(lps, GEN, "request {i} seed {seed}: a logprobs event per token");
+        let opts = GenerateOptions {
+            max_new_tokens: GEN,
+            sampling: SamplingParams { seed: *seed, ..sampling[*i].clone() },
+            ..Default::default()
+        };
+        let host = vt::generate(&model, &ps[*i], &opts).unwrap().token_ids;
+        assert_eq!(tokens(log), host, "request {i} seed {seed}");
+    }
+    // The count sees a read-back: the host sampler's generation above made them.
+    assert!(b.bytes_read_back() >= before + GEN * 4 * model.spec().vocab);
 }
 
 fn small_engine(config: EngineConfig) -> Engine<CpuBackend> {

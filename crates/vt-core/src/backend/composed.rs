@@ -2,6 +2,7 @@
 //! gets for a method it does not override, and what a fusing backend falls back to where its
 //! fused kernel does not fit.
 
+use super::sample::{check_picks, sample_row, SampleRow};
 use super::{AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, KvSeq, NormKind, Ops};
 use super::{Rope, SharedExpert};
 use crate::tensor::Tensor;
@@ -36,15 +37,49 @@ pub fn token_logprobs(row: &[f32], chosen: u32, k: usize) -> TokenLogprobs {
 
 /// `Device::top_logprobs_rows` from the rows read back.
 pub fn top_logprobs_rows<B: Device>(b: &B, x: &Tensor<B>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
-    let width = x.last_dim();
-    if width == 0 || chosen.len() != x.rows() {
+    check_chosen(x, chosen)?;
+    Ok(top_logprobs_host(&b.to_f32(x)?, x.last_dim(), chosen, k))
+}
+
+/// An error unless `x` has rows of some values and `chosen` holds an id per row.
+pub fn check_chosen<B: Device>(x: &Tensor<B>, chosen: &[u32]) -> Result<()> {
+    if x.last_dim() == 0 || chosen.len() != x.rows() {
         return Err(crate::Error::input(format!(
             "top_logprobs_rows: {} chosen ids for logits {:?}",
             chosen.len(),
             x.shape()
         )));
     }
-    Ok(b.to_f32(x)?.chunks(width).zip(chosen).map(|(row, &c)| token_logprobs(row, c, k)).collect())
+    Ok(())
+}
+
+/// `Device::top_logprobs_rows` of the host rows `data` (`width` values each), checked.
+pub fn top_logprobs_host(data: &[f32], width: usize, chosen: &[u32], k: usize) -> Vec<TokenLogprobs> {
+    data.chunks(width).zip(chosen).map(|(row, &c)| token_logprobs(row, c, k)).collect()
+}
+
+/// What `Device::sample_rows` gives: a pick per `SampleRow`, and their logprobs where asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub picks: Vec<Pick>,
+    pub logprobs: Option<Vec<TokenLogprobs>>,
+}
+
+/// `Device::sample_rows` from the rows read back.
+pub fn sample_rows<B: Device>(b: &B, x: &Tensor<B>, picks: &[SampleRow<'_>], top: Option<usize>) -> Result<Sampled> {
+    check_picks(x.rows(), x.last_dim(), picks)?;
+    Ok(sample_host(&b.to_f32(x)?, x.last_dim(), picks, top))
+}
+
+/// `Device::sample_rows` over the host rows `data` (`width` values each), its picks checked.
+pub fn sample_host(data: &[f32], width: usize, picks: &[SampleRow<'_>], top: Option<usize>) -> Sampled {
+    let row = |s: &SampleRow<'_>| &data[s.row * width..(s.row + 1) * width];
+    let picks_out: Vec<Pick> = picks
+        .iter()
+        .map(|s| Pick { id: sample_row(row(s), s), finite: row(s).iter().all(|v| v.is_finite()) })
+        .collect();
+    let logprobs = top.map(|k| picks.iter().zip(&picks_out).map(|(s, p)| token_logprobs(row(s), p.id, k)).collect());
+    Sampled { picks: picks_out, logprobs }
 }
 
 /// One row's greedy pick (`Device::argmax_rows`).
@@ -64,11 +99,14 @@ pub fn mask_words(width: usize) -> usize {
 
 /// `Device::argmax_rows` from the rows read back.
 pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>, allowed: Option<&[u32]>) -> Result<Vec<Pick>> {
-    let width = x.last_dim();
     check_allowed(x, allowed)?;
+    Ok(argmax_host(&b.to_f32(x)?, x.last_dim(), allowed))
+}
+
+/// `Device::argmax_rows` of the host rows `data` (`width` values each), `allowed` checked.
+pub fn argmax_host(data: &[f32], width: usize, allowed: Option<&[u32]>) -> Vec<Pick> {
     let words = mask_words(width);
-    Ok(b.to_f32(x)?
-        .chunks(width)
+    data.chunks(width)
         .enumerate()
         .map(|(r, row)| {
             let finite = row.iter().all(|v| v.is_finite());
@@ -78,7 +116,7 @@ pub fn argmax_rows<B: Device>(b: &B, x: &Tensor<B>, allowed: Option<&[u32]>) -> 
             };
             Pick { id: id as u32, finite }
         })
-        .collect())
+        .collect()
 }
 
 /// An error unless `x` has rows of some values and `allowed`, if given, holds `mask_words` per row.

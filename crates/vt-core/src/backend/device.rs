@@ -1,7 +1,8 @@
 //! The bottom layer: a backend's identity, its memory and the transfers in and out of it. Every
 //! other layer builds on this one, and `Tensor<B>` needs only it.
 
-use super::composed::{Pick, TokenLogprobs};
+use super::composed::{Pick, Sampled, TokenLogprobs};
+use super::sample::SampleRow;
 use crate::tensor::Tensor;
 use crate::{DType, Result};
 
@@ -67,6 +68,16 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// logits are and read back only those; the default reads the rows back.
     fn top_logprobs_rows(&self, x: &Tensor<Self>, chosen: &[u32], k: usize) -> Result<Vec<TokenLogprobs>> {
         super::composed::top_logprobs_rows(self, x, chosen, k)
+    }
+
+    /// For each of `picks`: a token drawn from its row of logits `x` as `sample::sample_row` (the
+    /// reference) draws it, with the row's `Pick::finite`; with `top_logprobs: Some(k)`, the
+    /// pick's logprobs as `top_logprobs_rows` gives them (of the raw row: before the pick's mask
+    /// and adjustments). Several picks may draw from one row (a request's choices). A backend
+    /// may draw where the logits are and read back only the picks; the default reads the rows
+    /// back.
+    fn sample_rows(&self, x: &Tensor<Self>, picks: &[SampleRow<'_>], top_logprobs: Option<usize>) -> Result<Sampled> {
+        super::composed::sample_rows(self, x, picks, top_logprobs)
     }
 
     /// Random contents at `shape` (dummy weights for benchmarks); values as `random::random_bytes`

@@ -23,13 +23,17 @@ mod fused;
 mod kv;
 mod ops;
 mod record;
+pub mod sample;
 
-pub use composed::{argmax, check_finite, mask_words, non_finite_row, stack_rows, token_logprobs, Pick, TokenLogprobs};
+pub use composed::{
+    argmax, check_finite, mask_words, non_finite_row, stack_rows, token_logprobs, Pick, Sampled, TokenLogprobs,
+};
 pub use device::{Device, MemoryStats};
 pub use fused::{FusedOps, GdnState, GdnStep, SharedExpert};
 pub use kv::{AttentionParams, KvLayout, KvOps, KvSeq, RELEASED};
 pub use ops::{GateAct, GdnDims, GdnInputs, GdnMode, NormKind, Ops, Rope};
 pub use record::{ReplayInputs, StepRecording};
+pub use sample::{LogitAdjust, SampleRow};
 
 /// Every layer: what the model graphs and the engine ask of a backend.
 pub trait Backend: Device + Ops + KvOps + FusedOps + StepRecording {}

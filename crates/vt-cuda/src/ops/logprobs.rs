@@ -30,29 +30,51 @@ pub(crate) fn top_logprobs_rows(
     let chosen_in = b.upload_slice(chosen)?;
     // One buffer, one read back: the rows' k + 1 logprobs, then their k ids.
     let out = b.buffer(rows * (2 * k + 1) * 4)?;
-    let (plp, px, pc) = (out.ptr(), x.buffer().ptr(), chosen_in.ptr());
-    let pid = plp + (rows * (k + 1) * 4) as u64;
-    let (ni, ki) = (i32_of(n, "row width")?, i32_of(k, "top_logprobs")?);
+    launch(b, x, chosen_in.ptr(), None, rows, k, out.ptr())?;
+    let mut words = vec![0u32; rows * (2 * k + 1)];
+    b.copy_out(&mut words, &out, "top_logprobs_rows")?;
+    Ok(unpack(&words, rows, k))
+}
+
+/// Launches `top_logprobs` for `blocks` chosen ids (device address `chosen`) of rows of `x` (block
+/// r reads row `rows[r]`, a device address; row r without), writing `blocks * (2 k + 1)` words
+/// at `out` as `unpack` reads them. `x` is BF16, `k` at most its width.
+pub(crate) fn launch(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    chosen: u64,
+    rows: Option<u64>,
+    blocks: usize,
+    k: usize,
+    out: u64,
+) -> Result<()> {
+    let (plp, px, pr) = (out, x.buffer().ptr(), rows.unwrap_or(0));
+    let pid = plp + (blocks * (k + 1) * 4) as u64;
+    let (ni, ki) = (i32_of(x.last_dim(), "row width")?, i32_of(k, "top_logprobs")?);
     let mut l = b.stream().launch_builder(&b.k().top_logprobs);
-    l.arg(&plp).arg(&pid).arg(&px).arg(&pc).arg(&ni).arg(&ki);
+    l.arg(&plp).arg(&pid).arg(&px).arg(&chosen).arg(&pr).arg(&ni).arg(&ki);
     let cfg = LaunchConfig {
-        grid_dim: (i32_of(rows, "rows")? as u32, 1, 1),
+        grid_dim: (i32_of(blocks, "rows")? as u32, 1, 1),
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: top_logprobs(float* lp_out, int* id_out, const bf16* x, const unsigned* chosen, int n,
-    // int k): one block of THREADS threads (whole warps, at most 1024) per row; x holds rows * n
-    // bf16 values, chosen rows ids, lp_out rows * (k + 1) floats and id_out rows * k ints.
-    launched(unsafe { l.launch(cfg) }, "top_logprobs")?;
-    let mut words = vec![0u32; rows * (2 * k + 1)];
-    b.copy_out(&mut words, &out, "top_logprobs_rows")?;
-    let (lps, ids) = words.split_at(rows * (k + 1));
-    Ok((0..rows)
+    // SAFETY: top_logprobs(float* lp_out, int* id_out, const bf16* x, const unsigned* chosen,
+    // const int* rows, int n, int k): one block of THREADS threads (whole warps, at most 1024)
+    // per chosen id; x holds x.rows() * n bf16 values and rows (null or) `blocks` indices below
+    // x.rows() (the callers' checks), chosen `blocks` ids, lp_out blocks * (k + 1) floats and
+    // id_out blocks * k ints.
+    launched(unsafe { l.launch(cfg) }, "top_logprobs")
+}
+
+/// The logprobs of `blocks` picks from `launch`'s words.
+pub(crate) fn unpack(words: &[u32], blocks: usize, k: usize) -> Vec<TokenLogprobs> {
+    let (lps, ids) = words.split_at(blocks * (k + 1));
+    (0..blocks)
         .map(|r| {
             let row = &lps[r * (k + 1)..(r + 1) * (k + 1)];
             // A row with fewer than k values that are not NaN ends its ids with -1.
             let top = (0..k).map(|j| (ids[r * k + j], f32::from_bits(row[1 + j]))).filter(|t| t.0 != u32::MAX);
             TokenLogprobs { logprob: f32::from_bits(row[0]), top: top.collect() }
         })
-        .collect())
+        .collect()
 }

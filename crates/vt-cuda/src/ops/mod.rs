@@ -19,6 +19,7 @@ pub(crate) mod moe;
 pub(crate) mod norm;
 pub(crate) mod random;
 pub(crate) mod rope;
+pub(crate) mod sample;
 
 /// `shape` with its last dimension `last`.
 fn with_last(shape: &[usize], last: usize) -> Vec<usize> {

@@ -903,6 +903,137 @@ pub fn top_logprobs_on_the_device_match_the_reference<G: Backend>(dev: &OnDevice
     }
 }
 
+/// Sampled picks on the device are vt-core's reference draws (`sample::sample_row`) over the same
+/// bf16 rows, for every parameter: temperature alone, top-k (with ties at the cut, and past the
+/// width), top-p, min-p, all of them together, a grammar's mask, the sparse adjustments (bias,
+/// repetition, presence and frequency penalties), greedy with adjustments, several picks of one
+/// row; the rows' finite flags are vt-cpu's, and the logprobs are `top_logprobs_rows`' (raw rows).
+///
+/// The device sums its weights in another order than the host and its expf may differ from the
+/// host's by an ulp or two, so a draw whose uniform fell within ~1e-6 of a boundary between two
+/// tokens' intervals could go either way; each uniform here is the middle of a kept token's
+/// interval in the reference's walk, chosen among tokens holding at least 1e-5 of the kept
+/// weight (the rows' largest weight is 1 and their totals below 2e4 at these temperatures, so
+/// there are such tokens), so that the ids must agree exactly. Logprob values: as in
+/// `top_logprobs_on_the_device_match_the_reference`.
+pub fn sample_rows_on_the_device_draw_as_the_reference<G: Backend>(dev: &OnDevice<G>) {
+    use vt_core::backend::sample::{candidates, prepared, sample_row, Filters};
+    use vt_core::backend::{LogitAdjust, SampleRow};
+    let gpu = &dev.backend;
+    let cpu = CpuBackend::new();
+    let mut r = Rng(0x5a3e);
+    for n in [248_320, 1000, 33] {
+        // Row 0 flat, row 1 peaked (a few tokens far above the rest), row 2 with ties at the top,
+        // row 3 with one NaN (broken: its flag, not its id, is compared).
+        let mut rows: Vec<Vec<f32>> = (0..4).map(|_| r.vec(n, 8.0)).collect();
+        for j in 0..5.min(n) {
+            rows[1][(j * 7919) % n] = 12.0 + j as f32;
+        }
+        for j in 0..4.min(n) {
+            rows[2][(j * 104_729) % n] = 9.0;
+        }
+        rows[3][n / 2] = f32::NAN;
+        let flat: Vec<f32> = rows.concat();
+        let x = gpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        let host = cpu.upload(DType::BF16, &[rows.len(), n], &bf16_bytes(&flat)).unwrap();
+        let words = vt_core::backend::mask_words(n);
+        let mask: Vec<u32> =
+            r.bytes(4 * words).chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) | 1).collect();
+        // Adjustments on a sorted, distinct tenth of the row (every token of a short one).
+        let mut tokens: Vec<u32> = (0..n as u32).step_by(if n > 100 { 10 } else { 1 }).collect();
+        tokens.truncate(3000);
+        let adjust: Vec<LogitAdjust> = (tokens.iter().enumerate())
+            .map(|(i, &token)| LogitAdjust {
+                token,
+                bias: if i % 3 == 0 { 4.0 * r.f32() } else { 0.0 },
+                penalty: if i % 2 == 0 { 0.5 + r.f32() } else { 0.0 },
+                repeated: (i % 5 < 2) as u32,
+            })
+            .collect();
+        let base = SampleRow {
+            row: 0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            adjust: &[],
+            allowed: None,
+            uniform: 0.5,
+        };
+        let params = [
+            base,
+            SampleRow { temperature: 0.7, top_p: 0.9, ..base },
+            SampleRow { temperature: 1.2, top_k: 40, ..base },
+            SampleRow { top_k: 2, ..base },
+            SampleRow { top_k: n + 5, ..base },
+            SampleRow { temperature: 0.9, min_p: 0.05, ..base },
+            SampleRow { top_k: 50, top_p: 0.8, min_p: 0.01, ..base },
+            SampleRow { temperature: 1.1, allowed: Some(&mask), ..base },
+            SampleRow { adjust: &adjust, repetition_penalty: 1.3, top_p: 0.95, ..base },
+            SampleRow { temperature: 0.0, adjust: &adjust, repetition_penalty: 1.3, allowed: Some(&mask), ..base },
+            SampleRow {
+                temperature: 0.8,
+                top_k: 30,
+                top_p: 0.9,
+                min_p: 0.02,
+                adjust: &adjust,
+                repetition_penalty: 1.3,
+                allowed: Some(&mask),
+                ..base
+            },
+        ];
+        let mut picks = Vec::new();
+        for p in &params {
+            for (row, values) in rows.iter().enumerate() {
+                // Two picks of each row: a request's two choices.
+                for _ in 0..2 {
+                    let prep = prepared(values, p.allowed, p.adjust, p.repetition_penalty);
+                    let f = Filters { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, min_p: p.min_p };
+                    let cands = if p.temperature == 0.0 { vec![(0, 1.0)] } else { candidates(&prep, &f) };
+                    let total: f64 = cands.iter().map(|c| c.1).sum();
+                    let wide: Vec<usize> = (0..cands.len()).filter(|&j| cands[j].1 >= 1e-5 * total).collect();
+                    let j = wide[((r.f32() + 1.0) / 2.0 * wide.len() as f32) as usize % wide.len()];
+                    let before: f64 = cands[..j].iter().map(|c| c.1).sum();
+                    picks.push(SampleRow { row, uniform: (before + cands[j].1 / 2.0) / total, ..*p });
+                }
+            }
+        }
+        let k = 5;
+        let got = gpu.sample_rows(&x, &picks, Some(k)).unwrap();
+        let want = cpu.sample_rows(&host, &picks, Some(k)).unwrap();
+        assert_eq!(gpu.sample_rows(&x, &picks, Some(k)).unwrap(), got, "width {n}: the same draws again");
+        let (got_lp, want_lp) = (got.logprobs.unwrap(), want.logprobs.unwrap());
+        for (i, s) in picks.iter().enumerate() {
+            let finite = rows[s.row].iter().all(|v| v.is_finite());
+            assert_eq!(got.picks[i].finite, finite, "width {n}, pick {i}");
+            assert_eq!(want.picks[i].finite, finite, "width {n}, pick {i}");
+            if !finite {
+                continue;
+            }
+            let reference = sample_row(&rows[s.row], s);
+            assert_eq!(want.picks[i].id, reference, "width {n}, pick {i}: vt-cpu");
+            assert_eq!(got.picks[i].id, reference, "width {n}, pick {i} (row {}): {:?}", s.row, params[i / 8]);
+            let lp = vt_core::backend::token_logprobs(&rows[s.row], reference, k);
+            assert_eq!(want_lp[i], lp, "width {n}, pick {i}: vt-cpu's logprobs");
+            let ids = |t: &[(u32, f32)]| t.iter().map(|p| p.0).collect::<Vec<_>>();
+            assert_eq!(ids(&got_lp[i].top), ids(&lp.top), "width {n}, pick {i}");
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs()) || a == b;
+            assert!(
+                close(got_lp[i].logprob, lp.logprob),
+                "width {n}, pick {i}: {} vs {}",
+                got_lp[i].logprob,
+                lp.logprob
+            );
+            for (g, w) in got_lp[i].top.iter().zip(&lp.top) {
+                assert!(close(g.1, w.1), "width {n}, pick {i}: {} vs {}", g.1, w.1);
+            }
+        }
+        let out_of_range = SampleRow { row: rows.len(), ..base };
+        assert!(gpu.sample_rows(&x, &[out_of_range], None).is_err(), "a row past the logits is refused");
+    }
+}
+
 fn norm_weight<B: Backend>(b: &B, w: &[f32], f32_weight: bool) -> Tensor<B> {
     if f32_weight {
         b.upload(DType::F32, &[w.len()], bytemuck_f32(w)).unwrap()
