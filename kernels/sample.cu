@@ -207,8 +207,8 @@ extern "C" __global__ void sample_rows(unsigned* out, float* scratch, const bf16
     if (a.top_p < 1.0f) {
         double gt = sample_mass(s, n, kkey, true, m, t, dred);
         int keq = min(kties, sample_count_eq(s, n, kkey, ired));
-        double wk = (double)expf((sample_value(kkey) - m) / t);
-        double total = gt + (double)keq * wk;
+        // Without a top-k cut, kkey is no value's key (keq is 0): its weight must not enter.
+        double total = keq > 0 ? gt + (double)keq * (double)expf((sample_value(kkey) - m) / t) : gt;
         double target = (double)a.top_p * total;
         unsigned lo = kkey, hi = sample_key(m);
         while (lo < hi) {
@@ -219,8 +219,8 @@ extern "C" __global__ void sample_rows(unsigned* out, float* scratch, const bf16
         double pgt = pkey == kkey ? gt : sample_mass(s, n, pkey, true, m, t, dred);
         int avail = pkey == kkey ? keq : sample_count_eq(s, n, pkey, ired);
         double wp = (double)expf((sample_value(pkey) - m) / t);
-        int need = wp > 0.0 ? (int)ceil((target - pgt) / wp) : avail;
-        pties = max(1, min(need, avail));
+        double need = wp > 0.0 ? ceil((target - pgt) / wp) : (double)avail;
+        pties = need >= (double)avail ? avail : max(1, (int)need);
     }
     const double min_w = (double)a.min_p;
 
