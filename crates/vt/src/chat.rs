@@ -1,9 +1,13 @@
 //! Chat templates rendered as transformers' `apply_chat_template` renders them: the same Jinja
 //! settings (`trim_blocks`, `lstrip_blocks`, loop controls), the same `tojson` (Python's
 //! `json.dumps`, no HTML escaping), the same context (`messages`, `tools`, `add_generation_prompt`,
-//! `bos_token`, `eos_token` and any `chat_template_kwargs`), reasoning fields aliased and
-//! `continue_final_message` cut the same way.
+//! `bos_token`, `eos_token` and any `chat_template_kwargs`), null message fields dropped,
+//! reasoning fields aliased, `{% generation %}` blocks rendered and `continue_final_message` cut
+//! the same way.
 
+use std::borrow::Cow;
+
+use minijinja::machinery::{tokenize, Token, WhitespaceConfig};
 use minijinja::value::{Kwargs, Value as JinjaValue};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde_json::{Map, Value};
@@ -34,20 +38,59 @@ const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning
 /// What `continue_final_message` appends to find where the final message ends (transformers' tag).
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 
-/// transformers fills `thinking` (first) and `reasoning_content` (last) from whichever reasoning
-/// field a message has, so templates reading either name see it.
-fn alias_reasoning(message: &Value) -> Value {
+/// A message as transformers' `apply_chat_template` hands it to the template: keys whose value is
+/// null dropped (so `content: null` reads as undefined), then `thinking` (first) and
+/// `reasoning_content` (last) filled from whichever reasoning field it has, so templates reading
+/// either name see it.
+fn template_message(message: &Value) -> Value {
     let Some(obj) = message.as_object() else { return message.clone() };
-    let Some(reasoning) = REASONING_FIELDS.iter().find_map(|k| obj.get(*k).filter(|v| !v.is_null())) else {
-        return message.clone();
+    let obj: Map<String, Value> =
+        obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let Some(reasoning) = REASONING_FIELDS.iter().find_map(|k| obj.get(*k)).cloned() else {
+        return Value::Object(obj);
     };
     let mut out = Map::new();
     out.insert("thinking".into(), reasoning.clone());
-    for (k, v) in obj {
-        out.insert(k.clone(), v.clone());
-    }
-    out.insert("reasoning_content".into(), reasoning.clone());
+    out.extend(obj);
+    out.insert("reasoning_content".into(), reasoning);
     Value::Object(out)
+}
+
+/// transformers' `{% generation %}...{% endgeneration %}` tag (its extension marking assistant
+/// text for training masks) renders its body as a macro call does: in a scope of its own, which is
+/// what `{% with %}` gives. minijinja has no such tag, so where minijinja's own lexer finds the tag
+/// names at the start of a block, they are renamed; nothing else (strings, comments, raw blocks,
+/// whitespace control) is touched.
+fn generation_as_with(template: &str) -> Cow<'_, str> {
+    if !template.contains("generation") {
+        return Cow::Borrowed(template);
+    }
+    let whitespace = WhitespaceConfig { keep_trailing_newline: false, lstrip_blocks: true, trim_blocks: true };
+    let mut renames = Vec::new();
+    let mut after_block_start = false;
+    for item in tokenize(template, false, Default::default(), whitespace) {
+        // A template that does not lex is left as it is: compiling it reports the error.
+        let Ok((token, span)) = item else { return Cow::Borrowed(template) };
+        if after_block_start {
+            let renamed = match token {
+                Token::Ident("generation") => Some("with"),
+                Token::Ident("endgeneration") => Some("endwith"),
+                _ => None,
+            };
+            if let Some(name) = renamed {
+                renames.push((span.start_offset as usize..span.end_offset as usize, name));
+            }
+        }
+        after_block_start = matches!(token, Token::BlockStart);
+    }
+    if renames.is_empty() {
+        return Cow::Borrowed(template);
+    }
+    let mut out = template.to_string();
+    for (range, name) in renames.into_iter().rev() {
+        out.replace_range(range, name);
+    }
+    Cow::Owned(out)
 }
 
 /// Python's `json.dumps` with transformers' defaults (`ensure_ascii=False`): `, ` and `: `
@@ -109,7 +152,7 @@ fn tojson(value: JinjaValue, kwargs: Kwargs) -> std::result::Result<JinjaValue, 
 
 /// Renders `template` for `input`, as `apply_chat_template(..., tokenize=False)`.
 pub fn render(template: &str, bos: &str, eos: &str, input: &ChatInput) -> Result<String> {
-    let mut messages: Vec<Value> = input.messages.iter().map(alias_reasoning).collect();
+    let mut messages: Vec<Value> = input.messages.iter().map(template_message).collect();
     let mut final_text = None;
     if input.continue_final_message {
         if input.add_generation_prompt {
@@ -117,6 +160,7 @@ pub fn render(template: &str, bos: &str, eos: &str, input: &ChatInput) -> Result
         }
         final_text = Some(tag_final_message(&mut messages)?);
     }
+    let template = generation_as_with(template);
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -128,7 +172,7 @@ pub fn render(template: &str, bos: &str, eos: &str, input: &ChatInput) -> Result
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, JinjaError> {
         Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
     });
-    let tmpl = env.template_from_str(template).map_err(template_err)?;
+    let tmpl = env.template_from_str(&template).map_err(template_err)?;
     let mut ctx: Map<String, Value> = input.kwargs.clone();
     ctx.insert("messages".into(), Value::Array(messages));
     ctx.insert("tools".into(), input.tools.map_or(Value::Null, |t| Value::Array(t.to_vec())));
@@ -198,11 +242,39 @@ mod tests {
     }
 
     #[test]
-    fn reasoning_fields_are_aliased_like_transformers() {
-        let m = alias_reasoning(&json!({"role": "assistant", "content": "x", "reasoning": "r"}));
+    fn messages_are_passed_as_transformers_passes_them() {
+        let m = template_message(&json!({"role": "assistant", "content": "x", "reasoning": "r"}));
         let keys: Vec<&String> = m.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["thinking", "role", "content", "reasoning", "reasoning_content"]);
         assert_eq!(m["reasoning_content"], "r");
+        let m = template_message(
+            &json!({"role": "assistant", "content": null, "reasoning_content": null, "tool_calls": []}),
+        );
+        assert_eq!(m, json!({"role": "assistant", "tool_calls": []}));
+    }
+
+    fn plain(template: &str, kwargs: Map<String, Value>) -> String {
+        let input = ChatInput {
+            messages: &[],
+            tools: None,
+            add_generation_prompt: false,
+            continue_final_message: false,
+            kwargs: &kwargs,
+        };
+        render(template, "", "", &input).unwrap()
+    }
+
+    /// Expected renderings are jinja2's with transformers' environment (`_compile_jinja_template`).
+    #[test]
+    fn generation_blocks_render_their_body_in_a_scope_of_their_own() {
+        let t = "{% set x = 1 %}{%- generation -%} {% set x = 2 %}[{{ x }}]{{ \"{% generation %}\" }}\
+                 {# {% generation %} #}{% raw %}{% endgeneration %}{% endraw %}\n  {%- endgeneration %}\n{{ x }}";
+        assert_eq!(plain(t, Map::new()), "[2]{% generation %}{% endgeneration %}1");
+        let t = "{% for m in ms %}{% set c = m %}{% generation %}{% set c = c ~ \"!\" %}<{{ c }}>{% endgeneration %}{{ c }}\n{% endfor %}";
+        let kwargs = Map::from_iter([("ms".to_string(), json!(["a", "b"]))]);
+        assert_eq!(plain(t, kwargs), "<a!>a\n<b!>b\n");
+        // Not a tag: left alone.
+        assert_eq!(plain("{% set generation = 3 %}{{ generation }}", Map::new()), "3");
     }
 
     #[test]

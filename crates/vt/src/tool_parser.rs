@@ -101,11 +101,13 @@ impl ToolParser {
         loop {
             if self.in_call {
                 let Some(end) = self.buf.find(END) else { break };
-                let body: String = self.buf.drain(..end + END.len()).take(end).collect();
+                let body = self.buf[..end].to_string();
+                self.buf.drain(..end + END.len());
                 self.in_call = false;
                 self.close_call(&body, true, &mut out);
             } else if let Some(start) = self.buf.find(START) {
-                let before: String = self.buf.drain(..start + START.len()).take(start).collect();
+                let before = self.buf[..start].to_string();
+                self.buf.drain(..start + START.len());
                 self.content(before, &mut out);
                 self.in_call = true;
             } else {
@@ -234,7 +236,8 @@ fn valid_name(name: &str) -> Option<&str> {
 }
 
 /// A raw parameter value typed by its JSON schema: `string` (or no schema type that says
-/// otherwise) stays text; other types are parsed, falling back to text when they do not parse.
+/// otherwise) stays text, except `null` where the type allows it; other types are parsed,
+/// falling back to text when they do not parse.
 fn typed(raw: &str, schema: Option<&Value>) -> Value {
     let ty = schema.and_then(|s| s.get("type"));
     let types: Vec<&str> = match ty {
@@ -242,6 +245,10 @@ fn typed(raw: &str, schema: Option<&Value>) -> Value {
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
         _ => vec![],
     };
+    // A nullable parameter's `null` is the model writing None (templates render it so).
+    if types.contains(&"null") && raw.trim() == "null" {
+        return Value::Null;
+    }
     if types.contains(&"string") {
         return Value::String(raw.to_string());
     }
@@ -292,5 +299,7 @@ mod tests {
         assert_eq!(typed("[1, 2]", None), json!([1, 2]));
         assert_eq!(typed("hi there", None), json!("hi there"));
         assert_eq!(typed("{\"a\": 1}", Some(&json!({"type": ["object", "null"]}))), json!({"a": 1}));
+        assert_eq!(typed("null", Some(&json!({"type": ["string", "null"]}))), json!(null));
+        assert_eq!(typed("null", Some(&json!({"type": "string"}))), json!("null"));
     }
 }

@@ -3,6 +3,7 @@
 //! as plain content exactly as generated.
 
 use serde_json::{json, Value};
+use vt::chat::ChatInput;
 use vt::reasoning::{ReasoningParser, Split};
 use vt::tool_parser::{ToolDelta, ToolFormat, ToolParser};
 
@@ -145,6 +146,11 @@ fn laguna_calls() {
     let compact =
         "<tool_call>list_dir<arg_key>path</arg_key><arg_value>/tmp</arg_value></tool_call><tool_call>noop</tool_call>";
     check_tools(f, compact, "", &[("list_dir", json!({"path": "/tmp"})), ("noop", json!({}))]);
+    // Text before and inside a call that is not ASCII (byte and character offsets differ), v8's
+    // compact form with schema-typed values.
+    let compact = "Voilà:<tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich</arg_value><arg_key>days</arg_key><arg_value>3</arg_value><arg_key>wind</arg_key><arg_value>true</arg_value><arg_key>opts</arg_key><arg_value>{\"unit\": \"°C\"}</arg_value></tool_call>";
+    let args = json!({"city": "Zürich", "days": 3, "wind": true, "opts": {"unit": "°C"}});
+    check_tools(f, compact, "Voilà:", &[("get_weather", args)]);
 }
 
 #[test]
@@ -154,6 +160,80 @@ fn laguna_malformed_is_content() {
     check_plain(f, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</tool_call>");
     check_plain(f, "<tool_call></tool_call>");
     check_plain(f, "<tool_call>get weather</tool_call>");
+}
+
+/// What Laguna's published templates (tests/templates/laguna_v2.jinja, newline-separated tags, and
+/// laguna_v8.jinja, compact) show the model writing after the generation prompt comes back, streamed
+/// in random chunkings through the reasoning and Laguna tool parsers as the server chains them, as
+/// the reasoning, content and calls it was rendered from, the arguments typed by the tool's schema.
+#[test]
+fn laguna_templates_round_trip() {
+    let tool = json!({"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+        "cmd": {"type": "string"}, "timeout": {"type": "integer"}, "ratio": {"type": "number"},
+        "force": {"type": "boolean"}, "cwd": {"type": ["string", "null"]}, "files": {"type": "array"},
+        "env": {"type": "object"}, "zip": {"type": "string"}, "note": {"type": "string"}}}}});
+    let args = json!({"cmd": "ls -la ~/\"dir\" | head", "timeout": 30, "ratio": 0.25, "force": false, "cwd": null,
+        "files": ["a.txt", "é/b"], "env": {"K": "v", "N": 1}, "zip": "007", "note": "two\nlines <b>"});
+    let calls = json!([
+        {"id": "c0", "type": "function", "function": {"name": "run", "arguments": args}},
+        {"id": "c1", "type": "function", "function": {"name": "run", "arguments": {"cmd": "pwd"}}},
+    ]);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates");
+    for file in ["laguna_v2.jinja", "laguna_v8.jinja"] {
+        let template = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert_eq!(ToolFormat::from_template(&template), Some(ToolFormat::Laguna), "{file}");
+        for thinking in [false, true] {
+            let what = format!("{file} thinking {thinking}");
+            let reasoning = if thinking { "Plan: list, then pwd." } else { "" };
+            let user = json!({"role": "user", "content": "List files."});
+            let mut answer = json!({"role": "assistant", "content": "Running it.", "tool_calls": calls});
+            if thinking {
+                answer["reasoning_content"] = json!(reasoning);
+            }
+            let kwargs = serde_json::Map::from_iter([("enable_thinking".to_string(), json!(thinking))]);
+            let tools = [tool.clone()];
+            let render = |messages: &[Value], add_generation_prompt: bool| {
+                let input = ChatInput {
+                    messages,
+                    tools: Some(&tools),
+                    add_generation_prompt,
+                    continue_final_message: false,
+                    kwargs: &kwargs,
+                };
+                vt::chat::render(&template, "", "", &input).unwrap()
+            };
+            let prompt = render(std::slice::from_ref(&user), true);
+            let full = render(&[user, answer], false);
+            let written = full.strip_prefix(prompt.as_str()).and_then(|w| w.strip_suffix("</assistant>\n"));
+            let written = written.unwrap_or_else(|| panic!("{what}: the turn does not continue the prompt: {full:?}"));
+            assert_eq!(vt::reasoning::prompt_opens_reasoning(&prompt), thinking, "{what}");
+            for pieces in chunkings(written, 50) {
+                let mut r = ReasoningParser::new(thinking);
+                let mut p = ToolParser::new(ToolFormat::Laguna, &tools, "call_");
+                let (mut got_reasoning, mut content_pieces) = (String::new(), Vec::new());
+                let mut splits: Vec<Split> = pieces.iter().map(|c| r.push(c)).collect();
+                splits.push(r.finish());
+                for split in splits {
+                    got_reasoning.push_str(&split.reasoning);
+                    content_pieces.push(split.content);
+                }
+                assert_eq!(got_reasoning.trim(), reasoning, "{what}: {pieces:?}");
+                let mut deltas: Vec<ToolDelta> = content_pieces.iter().flat_map(|c| p.push(c)).collect();
+                deltas.extend(p.finish());
+                let (mut content, mut got) = (String::new(), Vec::new());
+                for d in deltas {
+                    match d {
+                        ToolDelta::Content(t) => content.push_str(&t),
+                        ToolDelta::Call { call, .. } => got.push(json!({"name": call.name,
+                            "arguments": serde_json::from_str::<Value>(&call.arguments).unwrap()})),
+                    }
+                }
+                assert_eq!(content.trim(), "Running it.", "{what}: {pieces:?}");
+                let want: Vec<Value> = calls.as_array().unwrap().iter().map(|c| c["function"].clone()).collect();
+                assert_eq!(got, want, "{what}: {pieces:?}");
+            }
+        }
+    }
 }
 
 fn run_reasoning(open: bool, pieces: &[String]) -> Split {
