@@ -121,11 +121,12 @@ pub struct MoeExperts<B: Device> {
 }
 
 impl<B: Device> MoeExperts<B> {
-    /// Checks every expert's shapes against `hidden` and `intermediate`; `name` is for errors.
+    /// Checks every expert's shapes against `hidden` and `intermediate` (`name` is for errors),
+    /// then stores them as the backend keeps experts (`Device::expert_parts`).
     pub fn new(backend: &B, name: &str, experts: Vec<Expert<B>>, hidden: usize, intermediate: usize) -> Result<Self> {
-        let Some(first) = experts.first() else {
+        if experts.is_empty() {
             return Err(Error::tensor(name, "an MoE layer needs at least one expert"));
-        };
+        }
         for (e, ex) in experts.iter().enumerate() {
             for (part, w, want) in [
                 ("gate", &ex.gate, (intermediate, hidden)),
@@ -142,6 +143,10 @@ impl<B: Device> MoeExperts<B> {
                 }
             }
         }
+        let experts = backend.expert_parts(experts)?;
+        let Some(first) = experts.first() else {
+            return Err(Error::tensor(name, "the backend kept none of the layer's experts"));
+        };
         let resident = ResidentSlot::new(backend, first.gate.storage_addr(backend));
         let routed = experts.len();
         Ok(MoeExperts { experts, hidden, intermediate, resident, first: 0, routed })

@@ -201,6 +201,15 @@ impl Gpu {
                 r.size
             )));
         }
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        if let Some((_, r)) = bindings.iter().find(|(_, r)| !r.offset.is_multiple_of(align)) {
+            return Err(err(format!(
+                "{}: a tensor at byte {} of its buffer (a stacked expert's matrix, read only through \
+                 its layer's table) is not bindable: the adapter binds at multiples of {align}",
+                kernel.name(),
+                r.offset
+            )));
+        }
         let pipeline = self.pipeline(kernel);
         let mut words = params.to_vec();
         words.resize(params.len().next_multiple_of(4).max(4), 0);

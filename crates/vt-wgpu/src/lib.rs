@@ -8,8 +8,9 @@
 //! FP8) and are decoded in the shaders; accumulation and the GDN state are f32.
 //!
 //! Memory comes from vt-core's shared allocator over wgpu buffers (memory.rs), commands are
-//! recorded in issue order into one encoder (gpu.rs). The MoE layer's derived state (its experts
-//! stacked into one buffer per half, which one dispatch can index) lives in its resident slot.
+//! recorded in issue order into one encoder (gpu.rs). An MoE layer's experts are kept stacked
+//! (one buffer per half, which one dispatch can index; each expert's tensors are parts of it),
+//! and the layer's derived state (the stacks as dispatches bind them) lives in its resident slot.
 
 mod gdn;
 mod gpu;
@@ -342,6 +343,10 @@ impl Device for WgpuBackend {
         let bytes = self.gpu.read(picks.range(), rows * 8)?;
         let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         Ok(bytes.chunks_exact(8).map(|p| Pick { id: word(&p[..4]), finite: word(&p[4..]) != 0 }).collect())
+    }
+
+    fn expert_parts(&self, experts: Vec<vt_core::Expert<Self>>) -> Result<Vec<vt_core::Expert<Self>>> {
+        moe::stack_experts(self, experts)
     }
 
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {

@@ -105,14 +105,18 @@ impl RawMemory for GpuMemory {
     }
 }
 
-/// A block of device memory. It keeps its allocator (and so the device) alive and frees itself
-/// on drop.
+/// A block of device memory, or a part of one (a stacked expert's matrix: moe.rs). It keeps its
+/// allocator (and so the device) alive; a block frees itself on drop, a part keeps its block.
 pub struct GpuBuffer {
     buffer: wgpu::Buffer,
     addr: u64,
+    /// Where it starts in `buffer`.
+    offset: u64,
     len: usize,
     size: usize,
     alloc: Arc<Allocator>,
+    /// The block a part lies in; `None` for a block.
+    block: Option<Arc<GpuBuffer>>,
 }
 
 impl GpuBuffer {
@@ -128,11 +132,32 @@ impl GpuBuffer {
                 return Err(e);
             }
         };
-        let buf = GpuBuffer { buffer, addr: block.addr, len, size: block.size, alloc: alloc.clone() };
+        let buf =
+            GpuBuffer { buffer, addr: block.addr, offset: 0, len, size: block.size, alloc: alloc.clone(), block: None };
         if block.reused {
             buf.clear();
         }
         Ok(buf)
+    }
+
+    /// `len` bytes of `block` from `from` (4-byte aligned, as copies need), as a buffer of their
+    /// own that keeps the block.
+    pub(crate) fn part(block: &Arc<GpuBuffer>, from: usize, len: usize) -> Self {
+        debug_assert!(from.is_multiple_of(4) && from + len <= block.len);
+        GpuBuffer {
+            buffer: block.buffer.clone(),
+            addr: block.addr + from as u64,
+            offset: block.offset + from as u64,
+            len,
+            size: len.next_multiple_of(4),
+            alloc: block.alloc.clone(),
+            block: Some(block.clone()),
+        }
+    }
+
+    /// The block this is a part of, and where in it this starts.
+    pub(crate) fn block(&self) -> Option<(&Arc<GpuBuffer>, usize)> {
+        self.block.as_ref().map(|b| (b, (self.offset - b.offset) as usize))
     }
 
     pub fn addr(&self) -> usize {
@@ -148,26 +173,29 @@ impl GpuBuffer {
         self.len == 0
     }
 
-    /// The whole block, as shaders bind it.
+    /// The whole block or part, as shaders bind it.
     pub(crate) fn range(&self) -> Range<'_> {
-        Range { buffer: &self.buffer, offset: 0, size: self.size as u64 }
+        Range { buffer: &self.buffer, offset: self.offset, size: self.size as u64 }
     }
 
-    /// `len` bytes from `from` within this block (4-byte aligned), as copies address it.
+    /// `len` bytes from `from` within this block or part (4-byte aligned), as copies address it.
     pub(crate) fn sub(&self, from: usize, len: usize) -> Range<'_> {
-        Range { buffer: &self.buffer, offset: from as u64, size: len as u64 }
+        Range { buffer: &self.buffer, offset: self.offset + from as u64, size: len as u64 }
     }
 
     pub(crate) fn clear(&self) {
-        let (buffer, size) = (&self.buffer, self.size as u64);
-        self.alloc.raw().gpu.record(|e| e.clear_buffer(buffer, 0, Some(size)));
+        let (buffer, offset, size) = (&self.buffer, self.offset, self.size as u64);
+        self.alloc.raw().gpu.record(|e| e.clear_buffer(buffer, offset, Some(size)));
     }
 }
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        // SAFETY: the block `new` got from this allocator, given back once; commands already
-        // recorded over it run before any later owner's (one encoder, in order).
-        unsafe { self.alloc.free(self.addr, self.size) };
+        if self.block.is_none() {
+            // SAFETY: the block `new` got from this allocator, given back once (its parts keep
+            // it until they go); commands already recorded over it run before any later owner's
+            // (one encoder, in order).
+            unsafe { self.alloc.free(self.addr, self.size) };
+        }
     }
 }

@@ -2,15 +2,18 @@
 //! expert (linear.wgsl's expert modes) and the weighted sum (elementwise.wgsl).
 //!
 //! A shader binds a fixed set of buffers, so it cannot reach E experts' separate tensors: the
-//! layer's derived state (`WgpuExpertTable`, in the experts' resident slot) is their weights
-//! stacked in their stored form, gate and up as matrices 2e and 2e + 1 of one stack, down as
-//! matrix e of another, each stack in pieces of whole experts that fit one binding of the adapter
-//! (a dispatch per piece). It is a copy (the expert weights' size again), like vt-cpu's fused
-//! gate/up rows; freed with the layer.
+//! backend keeps a layer's experts stacked in their stored form (`stack_experts`, which
+//! `MoeExperts::new` calls through `Device::expert_parts`): gate and up as matrices 2e and
+//! 2e + 1 of one stack, down as matrix e of another, each stack in pieces of whole experts that
+//! fit one binding of the adapter (a dispatch per piece). Each expert's tensors are parts of
+//! those pieces, so the weights are held once. The layer's derived state (`WgpuExpertTable`, in
+//! its resident slot) is the pieces as the dispatches bind them, and NVFP4's global scales.
+
+use std::sync::Arc;
 
 use vt_core::backend::check::MoeDims;
 use vt_core::backend::Ops;
-use vt_core::{MoeExperts, Result, Router, RouterKind, Tensor, Weight};
+use vt_core::{Expert, Fp8Block, MoeExperts, Nvfp4, Result, Router, RouterKind, Tensor, Weight};
 
 use crate::gpu::{err, Range};
 use crate::shaders::Kernel;
@@ -19,6 +22,8 @@ use crate::{act, dense_format, u32_of, Elementwise, FmtWords, GpuBuffer, Rows, W
 /// Most experts and top-k the routing shader takes (its private arrays).
 const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 64;
+
+type W = Weight<WgpuBackend>;
 
 /// Matrices of one format and shape, stacked as weights.wgsl reads them, in pieces of whole
 /// experts that each fit one binding of the adapter.
@@ -31,9 +36,9 @@ struct Stack {
 struct Piece {
     first: usize,
     end: usize,
-    values: GpuBuffer,
+    values: Arc<GpuBuffer>,
     /// NVFP4's fp8 scales, FP8's block scales; `None` for dense weights.
-    scales: Option<GpuBuffer>,
+    scales: Option<Arc<GpuBuffer>>,
     /// NVFP4's global scale per matrix.
     globals: Option<GpuBuffer>,
 }
@@ -41,7 +46,7 @@ struct Piece {
 impl Piece {
     fn ranges(&self) -> [Range<'_>; 3] {
         let v = self.values.range();
-        [v, self.scales.as_ref().map_or(v, GpuBuffer::range), self.globals.as_ref().map_or(v, GpuBuffer::range)]
+        [v, self.scales.as_ref().map_or(v, |s| s.range()), self.globals.as_ref().map_or(v, GpuBuffer::range)]
     }
 }
 
@@ -52,7 +57,7 @@ pub struct WgpuExpertTable {
 }
 
 /// The tensors of one matrix in a stack: values, scales, global scale.
-fn parts(w: &Weight<WgpuBackend>) -> (&Tensor<WgpuBackend>, Option<&Tensor<WgpuBackend>>, Option<f32>) {
+fn parts(w: &W) -> (&Tensor<WgpuBackend>, Option<&Tensor<WgpuBackend>>, Option<f32>) {
     match w {
         Weight::Dense(t) => (t, None, None),
         Weight::Nvfp4(q) => (&q.codes, Some(&q.scales), Some(q.global_scale)),
@@ -61,7 +66,7 @@ fn parts(w: &Weight<WgpuBackend>) -> (&Tensor<WgpuBackend>, Option<&Tensor<WgpuB
 }
 
 /// Format words of a weight; every matrix of a stack must give the same.
-fn format(w: &Weight<WgpuBackend>) -> Result<FmtWords> {
+fn format(w: &W) -> Result<FmtWords> {
     let (n, k) = w.dims();
     let (n, k) = (u32_of(n, "expert rows")?, u32_of(k, "expert inputs")?);
     Ok(match w {
@@ -71,8 +76,16 @@ fn format(w: &Weight<WgpuBackend>) -> Result<FmtWords> {
     })
 }
 
-/// `ws`, `per` matrices an expert, stacked.
-fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], per: usize, what: &str) -> Result<Stack> {
+/// How a stack is laid out: its matrices' format, the value and scale bytes of one matrix, and
+/// how many experts a piece takes.
+struct Layout {
+    fmt: FmtWords,
+    value_bytes: usize,
+    scale_bytes: usize,
+    experts_a_piece: usize,
+}
+
+fn layout(b: &WgpuBackend, ws: &[&W], per: usize, what: &str) -> Result<Layout> {
     let fmt = format(ws[0])?;
     let (v0, s0, _) = parts(ws[0]);
     let bytes = |t: &Tensor<WgpuBackend>| t.dtype().bytes_for(t.numel()).unwrap_or(0);
@@ -91,22 +104,94 @@ fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], per: usize, what: &str) -
             "{what}: an expert's {expert_bytes} bytes exceed the adapter's binding limit of {limit}"
         )));
     }
-    let experts = ws.len() / per;
-    let mut pieces = Vec::new();
-    for first in (0..experts).step_by(limit / expert_bytes) {
-        let end = (first + limit / expert_bytes).min(experts);
-        let matrices = &ws[first * per..end * per];
-        let values = b.buffer(vb * matrices.len())?;
-        let scales = s0.map(|_| b.buffer(sb * matrices.len())).transpose()?;
-        let mut globals = Vec::new();
-        for (i, w) in matrices.iter().enumerate() {
-            let (v, s, g) = parts(w);
+    Ok(Layout { fmt, value_bytes: vb, scale_bytes: sb, experts_a_piece: limit / expert_bytes })
+}
+
+/// `w` with its values and scales in `values` and `scales`.
+fn moved(w: &W, values: GpuBuffer, scales: Option<GpuBuffer>) -> Result<W> {
+    let tensor = |t: &Tensor<WgpuBackend>, buf| Tensor::from_parts(buf, t.dtype(), t.shape().to_vec());
+    let scales = |s: &Tensor<WgpuBackend>| scales.map(|buf| tensor(s, buf)).ok_or_else(|| err("scales not stacked"));
+    Ok(match w {
+        Weight::Dense(t) => Weight::Dense(tensor(t, values)),
+        Weight::Nvfp4(q) => Weight::Nvfp4(Nvfp4 {
+            codes: tensor(&q.codes, values),
+            scales: scales(&q.scales)?,
+            global_scale: q.global_scale,
+        }),
+        Weight::Fp8(q) => {
+            Weight::Fp8(Fp8Block { values: tensor(&q.values, values), scales: scales(&q.scales)?, block: q.block })
+        }
+    })
+}
+
+/// `ws` (`per` matrices an expert) moved into stacked pieces: the same weights, each over its
+/// place in them. The uploads go when this returns.
+fn stacked(b: &WgpuBackend, ws: Vec<W>, per: usize, what: &str) -> Result<Vec<W>> {
+    let l = layout(b, &ws.iter().collect::<Vec<_>>(), per, what)?;
+    let (vb, sb) = (l.value_bytes, l.scale_bytes);
+    let mut out = Vec::with_capacity(ws.len());
+    for piece in ws.chunks(per * l.experts_a_piece) {
+        let values = Arc::new(b.buffer(vb * piece.len())?);
+        let scales = (sb > 0).then(|| b.buffer(sb * piece.len()).map(Arc::new)).transpose()?;
+        for (i, w) in piece.iter().enumerate() {
+            let (v, s, _) = parts(w);
             b.copy(v.buffer(), 0, &values, i * vb, vb);
             if let (Some(s), Some(dst)) = (s, &scales) {
                 b.copy(s.buffer(), 0, dst, i * sb, sb);
             }
-            globals.extend(g);
+            let scale_part = scales.as_ref().map(|s| GpuBuffer::part(s, i * sb, sb));
+            out.push(moved(w, GpuBuffer::part(&values, i * vb, vb), scale_part)?);
         }
+    }
+    Ok(out)
+}
+
+/// One layer's experts as the backend keeps them (see the module docs).
+pub fn stack_experts(b: &WgpuBackend, experts: Vec<Expert<WgpuBackend>>) -> Result<Vec<Expert<WgpuBackend>>> {
+    let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+    for e in experts {
+        gate_up.extend([e.gate, e.up]);
+        down.push(e.down);
+    }
+    let mut gate_up = stacked(b, gate_up, 2, "experts' gate/up")?.into_iter();
+    let down = stacked(b, down, 1, "experts' down")?;
+    down.into_iter()
+        .map(|down| match (gate_up.next(), gate_up.next()) {
+            (Some(gate), Some(up)) => Ok(Expert { gate, up, down }),
+            _ => Err(err("experts' gate/up: fewer stacked than uploaded")),
+        })
+        .collect()
+}
+
+/// The pieces `stacked` made of `ws`, as the dispatches bind them; an error if the matrices are
+/// not where it put them.
+fn stack(b: &WgpuBackend, ws: &[&W], per: usize, what: &str) -> Result<Stack> {
+    let l = layout(b, ws, per, what)?;
+    let experts = ws.len() / per;
+    let mut pieces = Vec::new();
+    let mut first = 0;
+    while first < experts {
+        let end = (first + l.experts_a_piece).min(experts);
+        let matrices = &ws[first * per..end * per];
+        let block_of = |t: Option<&Tensor<WgpuBackend>>, bytes: usize| -> Option<Arc<GpuBuffer>> {
+            let (block, at) = t?.buffer().block()?;
+            (at == 0 && block.len() == bytes * matrices.len()).then(|| block.clone())
+        };
+        let values = block_of(Some(parts(matrices[0]).0), l.value_bytes);
+        let scales = block_of(parts(matrices[0]).1, l.scale_bytes);
+        let placed = |i: usize, w: &W| {
+            let (v, s, _) = parts(w);
+            let at = |t: &Tensor<WgpuBackend>, block: &Option<Arc<GpuBuffer>>, bytes: usize| {
+                let here = t.buffer().block();
+                block.as_ref().zip(here).is_some_and(|(q, (p, o))| Arc::ptr_eq(p, q) && o == i * bytes)
+            };
+            at(v, &values, l.value_bytes) && s.is_none_or(|s| at(s, &scales, l.scale_bytes))
+        };
+        let in_place = matrices.iter().enumerate().all(|(i, w)| placed(i, w));
+        let (true, Some(values)) = (in_place, values) else {
+            return Err(err(format!("{what}: experts {first}..{end} are not stacked as the backend keeps experts")));
+        };
+        let globals: Vec<f32> = matrices.iter().filter_map(|w| parts(w).2).collect();
         let globals = if globals.is_empty() {
             None
         } else {
@@ -115,8 +200,9 @@ fn stack(b: &WgpuBackend, ws: &[&Weight<WgpuBackend>], per: usize, what: &str) -
             Some(buf)
         };
         pieces.push(Piece { first, end, values, scales, globals });
+        first = end;
     }
-    Ok(Stack { fmt, pieces })
+    Ok(Stack { fmt: l.fmt, pieces })
 }
 
 pub fn build_table(b: &WgpuBackend, experts: &MoeExperts<WgpuBackend>) -> Result<WgpuExpertTable> {

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use vt_core::backend::prelude::*;
 use vt_test_support::lifetime::{check_each, checks, moe_pairs};
 use vt_wgpu::{AllocMode, Gpu, WgpuBackend};
 
@@ -40,4 +41,36 @@ fn build_run_drop_cycles_give_all_memory_back() {
             checks::build_run_drop_cycles(&WgpuBackend::with_mode(mode).unwrap(), pair, 10)
         });
     }
+}
+
+/// The experts are held once: building a layer's expert table (its resident slot, which every
+/// MoE call reads) adds no copy of them, only NVFP4's global scales (a 256-byte block a stack
+/// piece), whatever the weight format.
+#[test]
+fn expert_tables_hold_no_second_copy_of_the_experts() {
+    let gpu = device();
+    check_each(&moe_pairs(), |pair| {
+        let b = WgpuBackend::on(&gpu, AllocMode::System);
+        let model = vt_models::Model::load(&b, &pair.a).expect("load fixture");
+        b.synchronize().unwrap();
+        let loaded = b.memory().bytes_live;
+        model.prepare().unwrap();
+        b.synchronize().unwrap();
+        let prepared = b.memory().bytes_live;
+        let layers = model.moe_experts().count();
+        let experts: usize = (model.moe_experts().flat_map(|m| &m.experts))
+            .map(|e| e.gate.resident_bytes() + e.up.resident_bytes() + e.down.resident_bytes())
+            .sum();
+        println!(
+            "{}: {loaded} bytes live after loading ({experts} of them experts in {layers} layers), {prepared} with \
+             the expert tables",
+            pair.name
+        );
+        assert!(
+            prepared - loaded <= layers * 2 * 256,
+            "{}: the expert tables took {} bytes beside the experts' {experts}",
+            pair.name,
+            prepared - loaded
+        );
+    });
 }

@@ -4,7 +4,7 @@
 use super::composed::{Pick, Sampled, TokenLogprobs};
 use super::sample::SampleRow;
 use crate::tensor::Tensor;
-use crate::{DType, Result};
+use crate::{DType, Expert, Result};
 
 /// Memory a backend instance has handed out and not yet been given back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,6 +38,14 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// given back). The default keeps them as they are.
     fn nvfp4_parts(&self, codes: Tensor<Self>, scales: Tensor<Self>) -> Result<(Tensor<Self>, Tensor<Self>)> {
         Ok((codes, scales))
+    }
+    /// One MoE layer's routed experts (as uploaded, shapes checked) as this backend keeps them
+    /// (`MoeExperts::new` calls it): a backend whose kernels read the experts in another
+    /// arrangement (stacked, so one dispatch reaches them all) moves them into it here, once, and
+    /// returns experts over that storage, so that they are held once. The default keeps them as
+    /// they are.
+    fn expert_parts(&self, experts: Vec<Expert<Self>>) -> Result<Vec<Expert<Self>>> {
+        Ok(experts)
     }
     /// An activation tensor (of `activation_dtype`) from f32 values.
     #[allow(clippy::wrong_self_convention)] // the backend makes it: `self` is where it lives
