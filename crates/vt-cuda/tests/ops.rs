@@ -31,6 +31,7 @@ fn cuda() -> OnDevice<CudaBackend> {
 
 vt_test_support::op_tests!(cuda() =>
     elementwise_and_norm_ops,
+    embedding_and_lm_head_of_a_large_vocabulary,
     add_rms_norm_fused,
     linear_every_weight_format,
     linear_decode_gemv_few_tokens,

@@ -17,6 +17,7 @@ mod gpu;
 mod kv;
 mod memory;
 mod moe;
+mod rows;
 mod shaders;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,8 +82,9 @@ enum Elementwise {
 /// What linear.wgsl computes for each row.
 #[derive(Clone, Copy)]
 enum Rows {
-    /// A linear: the one matrix bound, for every row.
-    Linear,
+    /// A linear: the one matrix bound (the weight's rows from `col0`: rows.rs), for every row,
+    /// into its columns from `col0` of rows of `cols`.
+    Linear { col0: usize, cols: usize },
     /// The routed experts' gate and up (`up`) or down, for the slots whose expert is one of
     /// `experts` (a range: the matrices bound).
     Experts { up: bool, top_k: usize, experts: (usize, usize) },
@@ -216,12 +218,13 @@ impl WgpuBackend {
         if rows == 0 {
             return Ok(());
         }
-        let (mode, top_k, (first, end)) = match what {
-            Rows::Linear => (0, 1, (0, 1)),
-            Rows::Experts { up, top_k, experts } => (1 + up as u32, top_k, experts),
+        let (mode, top_k, (first, end), (col0, cols)) = match what {
+            Rows::Linear { col0, cols } => (0, 1, (0, 1), (col0, cols)),
+            Rows::Experts { up, top_k, experts } => (1 + up as u32, top_k, experts, (0, n)),
         };
         let mut params = fmt.to_vec();
         params.extend([mode, u32_of(top_k, op)?, u32_of(first, op)?, u32_of(end, op)?]);
+        params.extend([u32_of(cols, op)?, u32_of(col0, op)?]);
         let bindings = [(1, w[0]), (2, w[1]), (3, w[2]), (4, x), (5, ids), (6, y)];
         let groups = [self.gpu.axis(n.div_ceil(WG), op)?, self.gpu.axis(rows, op)?, 1];
         self.gpu.dispatch(Kernel::Linear, &params, &bindings, groups)
@@ -367,10 +370,17 @@ impl Ops for WgpuBackend {
         let n = ids.len() * hidden;
         let ids_buf = self.host_data(bytemuck::cast_slice(ids));
         let idr = Range { buffer: &ids_buf, offset: 0, size: ids_buf.size() };
+        let fmt = dense_format(table.dtype())?;
         let w = table.buffer().range();
-        let params = [dense_format(table.dtype())?, u32_of(vocab, op)?, u32_of(hidden, op)?, 1, 1, u32_of(n, op)?];
-        let bindings = [(1, w), (2, w), (3, w), (4, idr), (5, out.buffer().range())];
-        self.gpu.dispatch(Kernel::Embedding, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        let row = rows::PartRows { bytes: table.dtype().bytes_for(hidden).unwrap_or(0), block: 1 };
+        for piece in self.pieces(vocab, &[row], [w, w, w])? {
+            let w = piece.ranges[0];
+            let rows = u32_of(piece.end - piece.first, op)?;
+            let (first, end) = (u32_of(piece.first, op)?, u32_of(piece.end, op)?);
+            let params = [fmt, rows, u32_of(hidden, op)?, 1, 1, u32_of(n, op)?, first, end];
+            let bindings = [(1, w), (2, w), (3, w), (4, idr), (5, out.buffer().range())];
+            self.gpu.dispatch(Kernel::Embedding, &params, &bindings, self.gpu.grid(n, WG)?)?;
+        }
         Ok(out)
     }
 
@@ -391,9 +401,15 @@ impl Ops for WgpuBackend {
         *shape.last_mut().expect("checked non-scalar") = n;
         let out = self.output(&shape)?;
         let mut keep = None;
-        let (fmt, parts) = self.weight_parts(&w.weight, &mut keep)?;
-        // No ids: the input is bound in their place, unread.
-        self.matvec((&fmt, parts), Rows::Linear, xb.range(), xb.range(), out.buffer().range(), (x.rows(), n))?;
+        let (mut fmt, pieces) = self.row_pieces(&w.weight, &mut keep)?;
+        for piece in pieces {
+            let rows = piece.end - piece.first;
+            fmt[1] = u32_of(rows, "linear")?;
+            let what = Rows::Linear { col0: piece.first, cols: n };
+            // No ids: the input is bound in their place, unread.
+            let (input, y) = (xb.range(), out.buffer().range());
+            self.matvec((&fmt, piece.ranges), what, input, input, y, (x.rows(), rows))?;
+        }
         Ok(out)
     }
 

@@ -28,12 +28,27 @@ fn moe_experts_in_pieces_on_an_adapter_of_small_bindings() {
     suite::moe_every_router_and_expert_format(&on(WgpuBackend::on(&gpu, AllocMode::System)));
 }
 
+/// On an adapter whose storage bindings take 16 KiB, at offsets of 256 bytes (the most WebGPU
+/// asks), a vocabulary of 1000 rows (a bf16 table of 125 KiB) goes in ranges of rows, a dispatch
+/// each, with the same result.
+#[test]
+fn embedding_and_lm_head_in_pieces_on_an_adapter_of_small_bindings() {
+    let gpu = Gpu::with_limits(|l| wgpu::Limits {
+        max_storage_buffer_binding_size: 16 << 10,
+        min_storage_buffer_offset_alignment: 256,
+        ..l
+    })
+    .expect("adapter");
+    suite::embedding_and_lm_head_of_a_large_vocabulary(&on(WgpuBackend::on(&gpu, AllocMode::System)));
+}
+
 // Not here: attention_flash_prefill, attention_decode_batched_sequences,
 // attention_decode_long_cache and moe_block_decode_every_router_format_and_shared_expert, whose
 // shapes are vt-cuda's tiles, splits and launch limits (vt-wgpu has one attention and one MoE path,
 // which the tests below take): minutes each on lavapipe.
 vt_test_support::op_tests!(wgpu() =>
     elementwise_and_norm_ops,
+    embedding_and_lm_head_of_a_large_vocabulary,
     add_rms_norm_fused,
     linear_every_weight_format,
     linear_decode_gemv_few_tokens,

@@ -180,6 +180,31 @@ fn linear_rows<G: Backend>(
     }
 }
 
+/// A vocabulary-sized embedding and lm_head (1000 rows of 64, each format): on an adapter whose
+/// storage bindings are smaller than the table (vt-wgpu's tests request such a device), a range
+/// of rows at a time. Ids reach the first and last rows; few tokens, as a decode step's lm_head.
+pub fn embedding_and_lm_head_of_a_large_vocabulary<G: Backend>(dev: &OnDevice<G>) {
+    let mut r = Rng(0x70ca);
+    let (vocab, d) = (1000, 64);
+    let table = r.vec(vocab * d, 1.0);
+    let ids = [999u32, 0, 511, 512, 3, 998, 640];
+    on_both!(dev, "embedding bf16 of a large vocabulary", dev.u, |b| {
+        out(b, &b.embedding(&b.upload(DType::BF16, &[vocab, d], &bf16_bytes(&table)).unwrap(), &ids).unwrap())
+    });
+    on_both!(dev, "embedding f32 of a large vocabulary", dev.u, |b| {
+        out(b, &b.embedding(&b.upload(DType::F32, &[vocab, d], bytemuck_f32(&table)).unwrap(), &ids).unwrap())
+    });
+    let weights = [
+        HostWeight::bf16(&mut r, vocab, d),
+        HostWeight::f32(&mut r, vocab, d),
+        HostWeight::nvfp4(&mut r, vocab, d),
+        HostWeight::fp8(&mut r, vocab, d, [8, 16]),
+    ];
+    for hw in &weights {
+        linear_rows(dev, &mut r, "lm_head", hw, (vocab, d), &[1, 3]);
+    }
+}
+
 pub fn elementwise_and_norm_ops<G: Backend>(dev: &OnDevice<G>) {
     let mut r = Rng(0x1234_5678);
     let (t, d) = (37, 160);

@@ -1,10 +1,11 @@
 // `y [rows, n]`: each row's input times W^T, W in its stored form (weights.wgsl), one invocation
-// per output (x: outputs, y: rows). `mode` 0, a linear: matrix 0, input row = row. The routed
+// per output (x: outputs, y: rows), into columns `col0..col0 + n` of rows of `cols` (a linear's
+// rows bound a piece at a time: rows.rs). `mode` 0, a linear: matrix 0, input row = row. The routed
 // experts (a row a slot, slot = token * top_k + j, e = ids[slot]; the bound matrices are
 // experts `first..end`, and slots of other experts are left alone): 1, their down: matrix
 // e - first, input row = slot; 2, their gate and up: `silu(W[2m] x) * W[2m + 1] x`, m = e - first,
 // x the slot's token.
-struct P { fmt: u32, n: u32, k: u32, b0: u32, b1: u32, mode: u32, top_k: u32, first: u32, end: u32 }
+struct P { fmt: u32, n: u32, k: u32, b0: u32, b1: u32, mode: u32, top_k: u32, first: u32, end: u32, cols: u32, col0: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> wv: array<u32>;
 @group(0) @binding(2) var<storage, read> ws: array<u32>;
@@ -42,7 +43,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let f = Fmt(p.fmt, p.n, p.k, p.b0, p.b1);
     if (p.mode == 0u) {
-        y[row * p.n + r] = wdot(f, 0u, r, row * p.k);
+        y[row * p.cols + p.col0 + r] = wdot(f, 0u, r, row * p.k);
         return;
     }
     let e = ids[row];
@@ -57,5 +58,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let x0 = (row / p.top_k) * p.k;
         v = silu(wdot(f, 2u * m, r, x0)) * wdot(f, 2u * m + 1u, r, x0);
     }
-    y[row * p.n + r] = v;
+    y[row * p.cols + p.col0 + r] = v;
 }
