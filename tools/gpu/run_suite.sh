@@ -34,6 +34,7 @@ if ! run parity "$bin/parity" --nocapture; then
     run parity-serial "$bin/parity" --nocapture --test-threads=1  # tells a race from a plain bug
 fi
 run recorded "$bin/recorded" --nocapture || status=1
+run speculative "$bin/speculative" --nocapture || status=1
 run lifetime "$bin/lifetime" --nocapture --test-threads=1 || status=1
 if run lifetime-mutation "$bin/lifetime-mutation" --test-threads=1; then
     say "mutation arm: PASSED with the original bug compiled in (must fail)"; status=1
@@ -57,9 +58,9 @@ run vt-logits "$bin/vt" logits --backend cuda --model fixtures/laguna_nvfp4 --pr
 tail -2 "$logs/vt-generate.log"
 
 echo "---- summary ----"
-grep -hE '^(op |fixture |.*cycles:)' "$logs"/ops.log "$logs"/parity.log "$logs"/recorded.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
+grep -hE '^(op |fixture |.*cycles:|speculative: )' "$logs"/ops.log "$logs"/parity.log "$logs"/recorded.log "$logs"/speculative.log "$logs"/lifetime.log | grep -vE "^op .*e-3 \(bound"
 grep -hE '^.* over [0-9]+ ranks' "$logs"/parallel.log 2>/dev/null
-grep -hE 'panicked|FAILED' "$logs"/{ops,parity,recorded,lifetime}.log | head -20
+grep -hE 'panicked|FAILED' "$logs"/{ops,parity,recorded,speculative,lifetime}.log | head -20
 grep -hE "^thread '.*' panicked|^test .* FAILED" "$logs/lifetime-mutation.log" | head -8
 echo "---- results ----"
 printf '%s\n' "${results[@]}"

@@ -32,32 +32,44 @@ pub enum LoadFormat {
     DummyNvfp4,
 }
 
-/// `config.json` of `dir` cut to its first `layers` layers: `num_hidden_layers` and every per-layer
-/// list (an array as long as the layer count) of the text config.
-fn config(dir: &Path, layers: Option<usize>) -> Result<Config> {
+/// `config.json` of `dir` cut to its first `layers` layers (`num_hidden_layers` and every per-layer
+/// list, an array as long as the layer count, of the text config), and without its
+/// multi-token-prediction layer unless `mtp` (a run that does not speculate neither loads nor
+/// makes its weights, nor gives its KV room in the pool).
+fn config(dir: &Path, layers: Option<usize>, mtp: bool) -> Result<Config> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|source| vt::Error::Io { path: path.clone(), source })?;
-    let Some(n) = layers else { return Config::from_str(&path, &text) };
     let mut root: Value =
         serde_json::from_str(&text).map_err(|source| vt::Error::Json { path: path.clone(), source })?;
     let text_cfg =
         if root.get("text_config").is_some_and(Value::is_object) { &mut root["text_config"] } else { &mut root };
     let total = text_cfg.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0) as usize;
     if let Some(obj) = text_cfg.as_object_mut() {
-        for v in obj.values_mut() {
-            if let Some(list) = v.as_array_mut().filter(|l| l.len() == total) {
-                list.truncate(n);
-            }
+        if !mtp {
+            obj.remove("mtp_num_hidden_layers");
         }
-        obj.insert("num_hidden_layers".into(), n.min(total).into());
+        if let Some(n) = layers {
+            for v in obj.values_mut() {
+                if let Some(list) = v.as_array_mut().filter(|l| l.len() == total) {
+                    list.truncate(n);
+                }
+            }
+            obj.insert("num_hidden_layers".into(), n.min(total).into());
+        }
     }
     Config::from_str(&path, &root.to_string())
 }
 
 /// The model of `dir`, from its weights or made up (`format`), cut to `layers` layers if given,
-/// split over `ranks` where there are several.
-pub fn load<B: Backend>(ranks: &Ranks<B>, dir: &Path, format: LoadFormat, layers: Option<usize>) -> Result<Model<B>> {
-    let config = config(dir, layers)?;
+/// with its MTP layer where it has one and `mtp`, split over `ranks` where there are several.
+pub fn load<B: Backend>(
+    ranks: &Ranks<B>,
+    dir: &Path,
+    format: LoadFormat,
+    layers: Option<usize>,
+    mtp: bool,
+) -> Result<Model<B>> {
+    let config = config(dir, layers, mtp)?;
     let tensors = match format {
         LoadFormat::Auto => TensorStore::open_dir(dir)?,
         _ => TensorStore::open_files(dir, &[])?,
@@ -131,25 +143,29 @@ pub struct Shape {
     /// Fraction of the device's memory the run may use (the KV pool takes what the weights
     /// leave of it).
     pub gpu_memory_utilization: f64,
-    /// Drafts verified in every decode step (`RepeatDrafter`); 0: none.
+    /// Drafts verified in every decode step (the model's MTP layer's where it has one, else
+    /// `RepeatDrafter`'s); 0: none.
     pub speculative_tokens: usize,
 }
 
 /// Drafts the sequence's last token `k` times, always: every decode step verifies `k` drafts,
 /// so a run times the verification step at `k` whatever the acceptance (which random weights
-/// make meaningless).
+/// make meaningless). For models without an MTP layer, whose drafts would otherwise come from
+/// prompt lookup (none for the bench's prompts).
 struct RepeatDrafter;
 
 impl<B: Backend> Drafter<B> for RepeatDrafter {
-    fn propose(&mut self, seqs: &[Proposal<'_>]) -> Result<Vec<Draft>> {
+    fn propose(&mut self, _: &Model<B>, seqs: &mut [Proposal<'_, B>]) -> Result<Vec<Draft>> {
         Ok(seqs.iter().map(|p| Draft { tokens: vec![p.tokens[p.tokens.len() - 1]; p.k], probs: None }).collect())
     }
 
-    fn observe(&mut self, _: &[Observation<'_, B>]) -> Result<()> {
+    fn observe(&mut self, _: &Model<B>, _: &mut [Observation<'_, B>]) -> Result<()> {
         Ok(())
     }
 
-    fn fork(&mut self, _: SeqId, _: SeqId) {}
+    fn fork(&mut self, _: &Model<B>, _: SeqId, _: SeqId) -> Result<()> {
+        Ok(())
+    }
 
     fn release(&mut self, _: SeqId) {}
 }
@@ -162,6 +178,9 @@ struct Timed {
     decode: f64,
     /// Each decode step, sorted.
     steps: Vec<f64>,
+    /// Each decode step's time in the drafter, and the rest of it (the verification), sorted.
+    drafting: Vec<f64>,
+    verifying: Vec<f64>,
     /// Tokens generated in all.
     generated: usize,
 }
@@ -193,15 +212,21 @@ fn generate<B: Backend>(engine: &mut Engine<B>, n: usize, shape: &Shape) -> Resu
     let started = Instant::now();
     engine.step();
     let ttft = started.elapsed().as_secs_f64();
-    let mut steps = Vec::new();
+    let (mut steps, mut drafting, mut verifying) = (Vec::new(), Vec::new(), Vec::new());
     while engine.has_work() {
-        let t0 = Instant::now();
+        let (t0, drafted) = (Instant::now(), engine.draft_time());
         engine.step();
-        steps.push(t0.elapsed().as_secs_f64());
+        let (step, draft) = (t0.elapsed().as_secs_f64(), (engine.draft_time() - drafted).as_secs_f64());
+        steps.push(step);
+        drafting.push(draft);
+        verifying.push(step - draft);
     }
     let generated = emitted.load(Ordering::Relaxed);
-    steps.sort_by(f64::total_cmp);
-    Ok(Timed { ttft, decode: started.elapsed().as_secs_f64() - ttft, steps, generated })
+    for v in [&mut steps, &mut drafting, &mut verifying] {
+        v.sort_by(f64::total_cmp);
+    }
+    let decode = started.elapsed().as_secs_f64() - ttft;
+    Ok(Timed { ttft, decode, steps, drafting, verifying, generated })
 }
 
 /// `bandwidth`: the copy bandwidth the roofline divides (`copy_bandwidth` on a device,
@@ -228,9 +253,18 @@ where
         speculative_tokens: shape.speculative_tokens,
         ..Default::default()
     };
+    let mtp = model.has_mtp();
     let mut engine = Engine::new(model, config)?;
-    if shape.speculative_tokens > 0 {
+    if shape.speculative_tokens > 0 && !mtp {
         engine.set_drafter(Box::new(RepeatDrafter));
+    }
+    if shape.speculative_tokens > 0 {
+        println!(
+            "speculation: {} drafts a step by {}; a step's tokens at per-draft acceptance a are \
+             sum_{{i=0..k}} a^i (drafts accepted in order until the first rejection, plus the target's own)",
+            shape.speculative_tokens,
+            if mtp { "the MTP layer" } else { "repeating the last token" },
+        );
     }
     for &n in &shape.batch {
         // Each batch size runs once untimed first: the first run of a shape pays one-off costs
@@ -240,7 +274,7 @@ where
         // a server's later requests do, with their recorded decode steps.
         let _ = generate(&mut engine, n, shape)?;
         let (drafted, accepted) = engine.speculation_stats();
-        let Timed { ttft, decode, steps, generated } = generate(&mut engine, n, shape)?;
+        let Timed { ttft, decode, steps, drafting, verifying, generated } = generate(&mut engine, n, shape)?;
         let speculation = match engine.speculation_stats() {
             (d, _) if d == drafted => String::new(),
             (d, a) => format!("; drafts accepted {} of {}", a - accepted, d - drafted),
@@ -264,8 +298,38 @@ where
             gib(backend.memory().bytes_live),
             gib(backend.memory().peak_bytes)
         );
+        if shape.speculative_tokens > 0 {
+            println!("{}", speculation_line(shape.speculative_tokens, n, median, &drafting, &verifying));
+        }
     }
     Ok(())
+}
+
+/// Tokens a verification step yields when each of `k` drafts is accepted with probability `a`,
+/// in order until the first rejection, plus the target's own token: sum_{i=0..k} a^i.
+pub fn tokens_per_step(k: usize, a: f64) -> f64 {
+    (0..=k).map(|i| a.powi(i as i32)).sum()
+}
+
+/// A batch's speculation figures: the median decode step's time in the drafter and in the rest
+/// (`drafting`, `verifying`: each step's, sorted), and the throughput the median step gives at
+/// acceptance rates 0.6, 0.7 and 0.8.
+fn speculation_line(k: usize, batch: usize, median_step: f64, drafting: &[f64], verifying: &[f64]) -> String {
+    let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
+    let at: Vec<String> = [0.6, 0.7, 0.8]
+        .iter()
+        .map(|&a| {
+            let per_step = tokens_per_step(k, a);
+            format!("a={a}: {per_step:.2} tok/step, {:.0} tok/s", batch as f64 * per_step / median_step)
+        })
+        .collect();
+    format!(
+        "  k {k}, batch {batch}: drafting {:.3} ms, verification {:.3} ms ({} positions a sequence) per step (medians); {}",
+        median(drafting) * 1e3,
+        median(verifying) * 1e3,
+        k + 1,
+        at.join("; ")
+    )
 }
 
 /// Workload 5(a) of #30: multi-turn conversations over one long shared prefix (a system prompt,

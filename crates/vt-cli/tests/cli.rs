@@ -91,3 +91,48 @@ fn bench_hold_runs_every_sequence_the_pool_allows_at_once() {
     let held = stdout.lines().find(|l| l.starts_with("held ")).unwrap_or_else(|| panic!("no 'held' line: {stdout}"));
     assert!(held.starts_with("held 8 of 8 ") && held.ends_with("allows 8"), "{held}");
 }
+
+/// `vt generate --speculative-tokens K` on the built-in model drafts with its MTP layer: the same
+/// ids as without speculation, and the drafts accepted and proposed in the JSON.
+#[test]
+fn generate_speculates_with_the_builtin_mtp_layer() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let out = vt()
+            .args(["generate", "--backend", "cpu", "--prompt", "def fibonacci(n):\n    if n < 2:\n"])
+            .args(["--max-new-tokens", "40", "--temperature", "0", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    };
+    let plain = run(&[]);
+    assert_eq!(plain["drafts_proposed"], 0);
+    for drafter in ["auto", "mtp"] {
+        let spec = run(&["--speculative-tokens", "2", "--drafter", drafter]);
+        assert_eq!(spec["token_ids"], plain["token_ids"], "--drafter {drafter}");
+        let (proposed, accepted) =
+            (spec["drafts_proposed"].as_u64().unwrap(), spec["drafts_accepted"].as_u64().unwrap());
+        assert!(proposed > 0 && accepted > 0 && accepted <= proposed, "--drafter {drafter}: {accepted} of {proposed}");
+    }
+}
+
+/// `vt bench --speculative-tokens K` splits each decode step into drafting and verification and
+/// states the throughput at acceptance rates 0.6/0.7/0.8 with its formula.
+#[test]
+fn bench_reports_speculation_timings() {
+    let out = vt()
+        .args(["bench", "--backend", "cpu", "--model", fixture("qwen35moe_text").to_str().unwrap()])
+        .args(["--speculative-tokens", "2", "--batch", "1,2", "--prompt-len", "8", "--gen-len", "8"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("by the MTP layer") && stdout.contains("sum_{i=0..k} a^i"), "{stdout}");
+    for batch in [1, 2] {
+        let line = stdout.lines().find(|l| l.contains(&format!("k 2, batch {batch}: drafting"))).expect(&stdout);
+        // sum_{i=0..2} a^i at a = 0.7: 1 + 0.7 + 0.49.
+        assert!(line.contains("verification") && line.contains("a=0.7: 2.19 tok/step"), "{line}");
+    }
+}

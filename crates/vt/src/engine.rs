@@ -17,6 +17,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rayon::prelude::*;
 use vt_core::backend::{mask_words, non_finite_row, Pick};
@@ -27,7 +28,7 @@ use crate::grammar::{Grammar, TokenMask};
 use crate::prefix_cache::{PrefixCache, SeqPrefix};
 pub use crate::prefix_index::PrefixStats;
 use crate::sampling::{token_logprobs, Sampler, SamplingParams, TokenLogprobs};
-use crate::speculative::{Drafter, NgramDrafter, SeqId};
+use crate::speculative::{Drafter, DrafterKind, SeqId};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -51,8 +52,11 @@ pub struct EngineConfig {
     /// start with them (`prefix_cache.rs`); models with sliding-window layers cache nothing.
     pub prefix_cache: bool,
     /// Speculative decoding: tokens a drafter proposes per decode step, verified in one forward
-    /// (0: off). The drafter is `Engine::set_drafter`'s, else prompt lookup (`NgramDrafter`).
+    /// (0: off). The drafter is `Engine::set_drafter`'s, else `drafter`'s.
     pub speculative_tokens: usize,
+    /// Which drafter speculates: by default the model's MTP layer where it has one, else prompt
+    /// lookup.
+    pub drafter: DrafterKind,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +70,7 @@ impl Default for EngineConfig {
             max_context: 4096,
             prefix_cache: true,
             speculative_tokens: 0,
+            drafter: DrafterKind::Auto,
         }
     }
 }
@@ -311,16 +316,18 @@ impl<B: Backend> Running<B> {
         }
         self.generated += 1;
         let sent = logprobs.is_none_or(|lp| (self.sink)(Event::Logprobs(lp)));
-        if !sent || !(self.sink)(Event::Token(id)) {
+        let end = if !sent || !(self.sink)(Event::Token(id)) {
             Some(Event::Done(Finish::Cancelled))
         } else if self.stop_token_ids.contains(&id) {
             Some(Event::Done(Finish::Stop))
         } else if self.generated >= self.max_gen {
             Some(Event::Done(Finish::Length))
         } else {
-            self.tokens.push(id);
             None
-        }
+        };
+        // Kept even where it ends the sequence: the drafter reads it after the last position.
+        self.tokens.push(id);
+        end
     }
 
     /// A further choice of this request, starting from `state` (a fork of this one's).
@@ -381,6 +388,8 @@ pub struct Engine<B: Backend> {
     /// Drafts verified and accepted so far.
     drafted: u64,
     accepted: u64,
+    /// Time spent in the drafter so far.
+    draft_time: Duration,
     /// What a handle reads of this engine between steps.
     shared: Arc<Shared>,
 }
@@ -452,8 +461,10 @@ impl<B: Backend> Engine<B> {
         let prefix = if config.prefix_cache { PrefixCache::new(&pool, snapshots) } else { None };
         let limits = Limits { spec: model.spec().clone(), pool: pool.shape(), config };
         limits.pool.check_fits(2, limits.config.max_batch_tokens)?;
-        let drafter =
-            (limits.config.speculative_tokens > 0).then(|| Box::new(NgramDrafter::default()) as Box<dyn Drafter<B>>);
+        let drafter = match limits.config.speculative_tokens {
+            0 => None,
+            _ => Some(limits.config.drafter.make(&model)?),
+        };
         let engine = Engine {
             model,
             limits,
@@ -466,6 +477,7 @@ impl<B: Backend> Engine<B> {
             next_seq: 0,
             drafted: 0,
             accepted: 0,
+            draft_time: Duration::ZERO,
             shared: Arc::default(),
         };
         engine.publish();
@@ -529,6 +541,12 @@ impl<B: Backend> Engine<B> {
     /// Drafts verified and accepted so far (speculative decoding).
     pub fn speculation_stats(&self) -> (u64, u64) {
         (self.drafted, self.accepted)
+    }
+
+    /// Time the drafter took so far (proposing, and following what the target kept: for the MTP
+    /// drafter, every run of the MTP layer).
+    pub fn draft_time(&self) -> Duration {
+        self.draft_time
     }
 
     /// Proposes the drafts from now on (`EngineConfig::speculative_tokens` says how many per
@@ -681,15 +699,16 @@ impl<B: Backend> Engine<B> {
         }
         self.observe(&take, &kept, hidden, &mut events);
         for (mut child, parent, r) in forked {
-            if let Some(d) = &mut self.drafter {
-                d.fork(parent, child.id);
-            }
+            let forked = self.drafter.as_mut().map_or(Ok(()), |d| d.fork(&self.model, parent, child.id));
             // Picks on the device were made under the first choice's mask, which a fork's is.
             let mask = match picks {
                 Picks::Ids(..) => None,
                 Picks::Logits(_) => child.grammar.as_mut().map(|g| g.mask()),
             };
-            events.push(child.pick(&picks, r, mask, vocab));
+            events.push(match forked {
+                Ok(()) => child.pick(&picks, r, mask, vocab),
+                Err(e) => Some(Event::Failed(format!("the drafter failed: {e}"))),
+            });
             self.running.push(child);
         }
         self.finish_where(true, |_, i| events[i].take());

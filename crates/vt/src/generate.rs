@@ -10,6 +10,7 @@ use vt_models::{Logits, Model};
 
 use crate::engine::{Engine, EngineConfig, Event, Request};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::speculative::DrafterKind;
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -31,6 +32,8 @@ pub struct Generation {
     pub token_ids: Vec<u32>,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// Speculative decoding's drafts verified, and accepted (zeros without it).
+    pub drafts: (u64, u64),
 }
 
 /// Generates up to `max_new_tokens` after `prompt`.
@@ -68,18 +71,19 @@ pub fn generate_with<B: Backend>(
         }
         next_input = vec![id];
     }
-    Ok(Generation { token_ids: out, prefill_time, decode_time: started.elapsed() - prefill_time })
+    Ok(Generation { token_ids: out, prefill_time, decode_time: started.elapsed() - prefill_time, drafts: (0, 0) })
 }
 
 /// `generate_with` through an engine of this one sequence, which verifies up to
-/// `speculative_tokens` drafted tokens per step (prompt lookup, `NgramDrafter`): the same
-/// tokens (its prompt runs in one chunk, as `generate_with`'s), in fewer steps where the text
-/// repeats itself.
+/// `speculative_tokens` tokens per step drafted by `drafter` (the model's MTP layer, or prompt
+/// lookup): the same tokens (its prompt runs in one chunk, as `generate_with`'s), in fewer steps
+/// where the drafts are right.
 pub fn generate_speculative<B: Backend>(
     model: Model<B>,
     prompt: &[u32],
     opts: &GenerateOptions,
     speculative_tokens: usize,
+    drafter: DrafterKind,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation>
 where
@@ -97,6 +101,7 @@ where
         max_context,
         prefix_cache: false,
         speculative_tokens,
+        drafter,
         ..Default::default()
     };
     let mut engine = Engine::new(model, config)?;
@@ -132,5 +137,6 @@ where
         }
     }
     let prefill_time = prefill_time.unwrap_or_else(|| started.elapsed());
-    Ok(Generation { token_ids: out, prefill_time, decode_time: started.elapsed() - prefill_time })
+    let decode_time = started.elapsed() - prefill_time;
+    Ok(Generation { token_ids: out, prefill_time, decode_time, drafts: engine.speculation_stats() })
 }

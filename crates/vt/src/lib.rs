@@ -28,7 +28,7 @@ pub use chat::ChatInput;
 pub use engine::{CancelToken, Engine, EngineConfig, EngineHandle, Event, Finish, Request, Sink, SubmitError};
 pub use generate::{generate, generate_speculative, generate_with, GenerateOptions, Generation};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs, Verdict};
-pub use speculative::{Draft, Drafter, NgramDrafter, Observation, Proposal, SeqId};
+pub use speculative::{Draft, Drafter, DrafterKind, MtpDrafter, NgramDrafter, Observation, Proposal, SeqId};
 pub use text::{ChatMessage, ChatPrompt, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, Communicator, DType, Error, HostComm, MemoryStats, Result};
 pub use vt_models::{Comms, DummyWeights, Family, Logits, Model, ModelSpec, SeqState};

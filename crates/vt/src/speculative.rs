@@ -4,16 +4,24 @@
 //! (`Sampler::verify`: exact for greedy, the rejection rule for sampled requests), and tells the
 //! drafter what the target kept. The output is what the target alone would produce, whatever the
 //! drafter proposes; a good drafter only makes it faster.
+//!
+//! Two drafters come with vt: the checkpoint's multi-token-prediction layer (`MtpDrafter`, where
+//! the model has one) and prompt lookup (`NgramDrafter`, any model).
+
+mod mtp;
 
 use vt_core::{Backend, Result, Tensor};
+use vt_models::{Model, SeqState};
 
 use crate::sampling::SamplingParams;
+
+pub use mtp::MtpDrafter;
 
 /// A running sequence, as the engine names it to its drafter (unique within the engine).
 pub type SeqId = u64;
 
 /// One sequence's request for drafts.
-pub struct Proposal<'a> {
+pub struct Proposal<'a, B: Backend> {
     pub seq: SeqId,
     /// The whole sequence so far, prompt and generated: the target holds all but the last token,
     /// which the verification runs first, followed by the drafts.
@@ -21,6 +29,8 @@ pub struct Proposal<'a> {
     /// Most drafts wanted (fewer, or none, are fine).
     pub k: usize,
     pub sampling: &'a SamplingParams,
+    /// The sequence's state in the target (which holds the MTP layer's KV too).
+    pub state: &'a mut SeqState<B>,
 }
 
 /// What a drafter proposes for one sequence.
@@ -36,7 +46,8 @@ pub struct Draft {
 /// What the target kept of one sequence in one step.
 pub struct Observation<'a, B: Backend> {
     pub seq: SeqId,
-    /// The whole sequence so far (its newest token not yet run by the target).
+    /// The whole sequence so far: its newest token not yet run by the target (or, where the
+    /// sequence ends with this step, never run).
     pub tokens: &'a [u32],
     /// The target ran and kept positions `start..start + len` this step (`tokens[start..start +
     /// len]`; the token after each is `tokens[p + 1]`). Observations of a sequence follow each
@@ -48,12 +59,15 @@ pub struct Observation<'a, B: Backend> {
     /// The target's hidden states at those positions after its last layer, before the final
     /// norm, `[len, hidden]`, where the drafter `needs_hidden`.
     pub hidden: Option<Tensor<B>>,
+    /// The sequence's state in the target (holding those positions).
+    pub state: &'a mut SeqState<B>,
 }
 
 /// Proposes tokens for the target to verify. The engine calls, per step: `propose` for its
-/// decoding sequences, then (after the verification) `observe` for every sequence the step ran;
-/// `fork` when a request's further choices start from its first one's state, `release` when a
-/// sequence ends or is preempted (it then starts again from position 0).
+/// decoding sequences, then (after the verification) `observe` for every sequence the step ran,
+/// those that end with it included; `fork` when a request's further choices start from its first
+/// one's state, `release` when a sequence ends or is preempted (it then starts again from
+/// position 0, or from the prefix cache). `model` is the target.
 pub trait Drafter<B: Backend>: Send {
     /// Whether `observe` gets the target's hidden states (a multi-token-prediction layer reads
     /// them; gathering them costs a copy per step).
@@ -62,21 +76,49 @@ pub trait Drafter<B: Backend>: Send {
     }
 
     /// Up to `k` tokens to follow each proposal's sequence, in the proposals' order.
-    fn propose(&mut self, seqs: &[Proposal<'_>]) -> Result<Vec<Draft>>;
+    fn propose(&mut self, model: &Model<B>, seqs: &mut [Proposal<'_, B>]) -> Result<Vec<Draft>>;
 
     /// What the target kept of each sequence the step ran.
-    fn observe(&mut self, seqs: &[Observation<'_, B>]) -> Result<()>;
+    fn observe(&mut self, model: &Model<B>, seqs: &mut [Observation<'_, B>]) -> Result<()>;
 
-    /// Sequence `child` continues from `parent`'s state (`n` choices share one prefill).
-    fn fork(&mut self, parent: SeqId, child: SeqId);
+    /// Sequence `child` continues from `parent`'s state (`n` choices share one prefill): the
+    /// child's state is a fork of the parent's from before the parent's latest observation.
+    fn fork(&mut self, model: &Model<B>, parent: SeqId, child: SeqId) -> Result<()>;
 
     /// Sequence `seq` ended, or starts again from nothing: forget it.
     fn release(&mut self, seq: SeqId);
 }
 
+/// Which drafter an engine speculates with (`EngineConfig::drafter`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DrafterKind {
+    /// The model's multi-token-prediction layer where it has one, else prompt lookup.
+    #[default]
+    Auto,
+    /// The model's multi-token-prediction layer (`MtpDrafter`).
+    Mtp,
+    /// Prompt lookup (`NgramDrafter`).
+    Ngram,
+}
+
+impl DrafterKind {
+    /// The drafter of this kind for `model`; an error for `Mtp` where the model has no MTP layer.
+    pub fn make<B: Backend>(self, model: &Model<B>) -> Result<Box<dyn Drafter<B>>> {
+        Ok(match self {
+            DrafterKind::Mtp if !model.has_mtp() => {
+                return Err(vt_core::Error::input(
+                    "the MTP drafter: this model has no multi-token-prediction layer (mtp.* tensors)",
+                ))
+            }
+            DrafterKind::Auto | DrafterKind::Mtp if model.has_mtp() => Box::new(MtpDrafter::default()),
+            _ => Box::new(NgramDrafter::default()),
+        })
+    }
+}
+
 /// Prompt lookup: proposes the tokens that followed the latest earlier occurrence of the
 /// sequence's last `n` tokens (the longest `n` up to `max_n` that occurs), for text that repeats
-/// itself (code, quotes, edits). Needs no model; a stand-in until a model's own drafter (MTP).
+/// itself (code, quotes, edits). Needs no model: the drafter of models without an MTP layer.
 #[derive(Clone, Debug)]
 pub struct NgramDrafter {
     pub max_n: usize,
@@ -108,15 +150,17 @@ impl NgramDrafter {
 }
 
 impl<B: Backend> Drafter<B> for NgramDrafter {
-    fn propose(&mut self, seqs: &[Proposal<'_>]) -> Result<Vec<Draft>> {
+    fn propose(&mut self, _: &Model<B>, seqs: &mut [Proposal<'_, B>]) -> Result<Vec<Draft>> {
         Ok(seqs.iter().map(|p| Draft { tokens: self.lookup(p.tokens, p.k), probs: None }).collect())
     }
 
-    fn observe(&mut self, _: &[Observation<'_, B>]) -> Result<()> {
+    fn observe(&mut self, _: &Model<B>, _: &mut [Observation<'_, B>]) -> Result<()> {
         Ok(())
     }
 
-    fn fork(&mut self, _: SeqId, _: SeqId) {}
+    fn fork(&mut self, _: &Model<B>, _: SeqId, _: SeqId) -> Result<()> {
+        Ok(())
+    }
 
     fn release(&mut self, _: SeqId) {}
 }

@@ -1,7 +1,8 @@
 //! Speculative decoding in the engine on the committed fixtures: whatever the drafter proposes
-//! (a second copy of the model: nearly always right; random tokens: nearly always wrong; a mix),
-//! greedy requests get exactly the tokens and logprobs they get without speculation, with
-//! continuous batching, chunked prefill and the prefix cache on or off.
+//! (a second copy of the model: nearly always right; random tokens: nearly always wrong; a mix;
+//! the model's own MTP layer), greedy requests get exactly the tokens and logprobs they get
+//! without speculation, with continuous batching, forks, chunked prefill and the prefix cache on
+//! or off. The built-in model's trained MTP layer drafts tokens the model accepts.
 
 mod support;
 
@@ -9,8 +10,8 @@ use vt_core::backend::prelude::*;
 
 use support::collect;
 use vt::{
-    CpuBackend, Draft, Drafter, Engine, EngineConfig, Event, Model, Observation, Proposal, Request, SamplingParams,
-    SeqId,
+    CpuBackend, Draft, Drafter, DrafterKind, Engine, EngineConfig, Event, Model, Observation, Proposal, Request,
+    SamplingParams, SeqId,
 };
 use vt_test_support::all_fixtures;
 
@@ -63,7 +64,7 @@ impl StandIn {
 }
 
 impl Drafter<CpuBackend> for StandIn {
-    fn propose(&mut self, seqs: &[Proposal<'_>]) -> vt::Result<Vec<Draft>> {
+    fn propose(&mut self, _: &Model<CpuBackend>, seqs: &mut [Proposal<'_, CpuBackend>]) -> vt::Result<Vec<Draft>> {
         let vocab = self.model.spec().vocab as u64;
         let mut out = Vec::new();
         for p in seqs {
@@ -87,7 +88,7 @@ impl Drafter<CpuBackend> for StandIn {
         Ok(out)
     }
 
-    fn observe(&mut self, seqs: &[Observation<'_, CpuBackend>]) -> vt::Result<()> {
+    fn observe(&mut self, _: &Model<CpuBackend>, seqs: &mut [Observation<'_, CpuBackend>]) -> vt::Result<()> {
         for o in seqs {
             // A sequence's first observation starts where the prefix cache left it.
             let at = self.seen.entry(o.seq).or_insert(o.start);
@@ -98,9 +99,10 @@ impl Drafter<CpuBackend> for StandIn {
         Ok(())
     }
 
-    fn fork(&mut self, parent: SeqId, child: SeqId) {
+    fn fork(&mut self, _: &Model<CpuBackend>, parent: SeqId, child: SeqId) -> vt::Result<()> {
         let at = self.seen[&parent];
         self.seen.insert(child, at);
+        Ok(())
     }
 
     fn release(&mut self, seq: SeqId) {
@@ -116,7 +118,8 @@ fn tokens(logs: &[Vec<Event>]) -> Vec<Vec<u32>> {
 }
 
 /// Every event of every request (tokens, logprobs, the finish), and the engine's step count,
-/// drafts verified and accepted, and prefix-cache hits.
+/// drafts verified and accepted, and prefix-cache hits. `drafter`: a stand-in, or (`None`) the
+/// engine's own where `config` speculates (the MTP layer's on a model that has one).
 fn run(
     dir: &std::path::Path,
     config: EngineConfig,
@@ -260,5 +263,111 @@ fn sampled_requests_speculate() {
         assert!(engine.speculation_stats().0 > 0);
         // No verification's snapshot slot is left taken.
         assert_eq!(engine.pool_stats().slots_used, engine.kept_states());
+    }
+}
+
+/// The engine's own drafter on the fixtures with an MTP layer (both checkpoint layouts): greedy
+/// requests of different lengths, decoding together, forking (n = 2) and coming back for a second
+/// turn (prefix-cache hits, after which the MTP reads its KV of the cached blocks), get exactly
+/// the events they get without speculation, for 1 to 4 drafts a step.
+#[test]
+fn mtp_drafter_keeps_greedy_output() {
+    for dir in vt_test_support::mtp::mtp_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(Model::load(&CpuBackend::new(), &dir).unwrap().has_mtp(), "{name}");
+        for prefix_cache in [true, false] {
+            let plain = EngineConfig { prefix_cache, ..Default::default() };
+            let (want, _, _, _) = run(&dir, plain.clone(), None);
+            for k in 1..=4 {
+                let config = EngineConfig { speculative_tokens: k, drafter: DrafterKind::Mtp, ..plain.clone() };
+                let (got, _, (drafted, accepted), hits) = run(&dir, config, None);
+                let at = format!("{name}: MTP drafter, k {k}, prefix cache {prefix_cache}");
+                assert!(got == want, "{at}: the events differ from decoding without speculation");
+                assert!(drafted > 0, "{at}: nothing was drafted");
+                assert_eq!(hits > 0, prefix_cache, "{at}: {hits} prefix-cache hits");
+                println!("{at}: accepted {accepted} of {drafted}");
+            }
+        }
+    }
+}
+
+/// Greedy tokens of `prompts` on the built-in model through an engine of `config` (its own
+/// drafter), run one after the other; with the drafts proposed and accepted of each, and the
+/// prefix-cache hits of all.
+type Runs = (Vec<(Vec<u32>, (u64, u64))>, u64);
+fn builtin_runs(config: EngineConfig, prompts: &[Vec<u32>], max_tokens: usize) -> Runs {
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &vt_test_support::repo_root().join("models/default")).unwrap();
+    let mut engine = Engine::new(model, config).unwrap();
+    let mut out = Vec::new();
+    for p in prompts {
+        let (log, sink) = collect();
+        let before = engine.speculation_stats();
+        let req = Request { prompt: p.clone(), max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
+        engine.add(req, sink).unwrap();
+        while engine.has_work() {
+            engine.step();
+        }
+        let (d, a) = engine.speculation_stats();
+        let toks = tokens(&[log.lock().unwrap().clone()]).remove(0);
+        out.push((toks, (d - before.0, a - before.1)));
+    }
+    (out, engine.prefix_stats().hits)
+}
+
+/// Real text in the built-in model's tokens.
+fn builtin_prompts() -> Vec<Vec<u32>> {
+    let tok = vt::Tokenizer::load(&vt_test_support::repo_root().join("models/default")).unwrap().unwrap();
+    [
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n",
+        "import os\nimport sys\n\n\ndef main():\n    parser = argparse.ArgumentParser(",
+        "class Queue:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    ]
+    .iter()
+    .map(|t| tok.encode(t, false).unwrap())
+    .collect()
+}
+
+/// The built-in model's MTP layer was trained to predict the model's token after next
+/// (tools/train_default/train_mtp.py): on real text the model accepts a good share of its drafts,
+/// and the output is the model's own greedy output.
+#[test]
+fn builtin_mtp_drafts_are_accepted() {
+    let prompts = builtin_prompts();
+    let (plain, _) = builtin_runs(EngineConfig::default(), &prompts, 48);
+    for k in 1..=3 {
+        let config = EngineConfig { speculative_tokens: k, ..Default::default() };
+        let (runs, _) = builtin_runs(config, &prompts, 48);
+        let (mut drafted, mut accepted) = (0, 0);
+        for ((got, (d, a)), (want, _)) in runs.iter().zip(&plain) {
+            assert_eq!(got, want, "k {k}: the tokens differ from decoding without speculation");
+            drafted += d;
+            accepted += a;
+        }
+        println!("built-in model, k {k}: accepted {accepted} of {drafted} drafts");
+        assert!(accepted * 4 > drafted, "k {k}: accepted {accepted} of {drafted}");
+    }
+}
+
+/// A prompt that hits the prefix cache drafts exactly as its cold run did: the MTP's KV of the
+/// cached blocks is what the cold run fed it (a drafter that lost it, or read another prompt's,
+/// would draft differently), and the tokens after the cached prefix continue its feed.
+#[test]
+fn mtp_drafts_after_a_prefix_cache_hit_equal_the_cold_run() {
+    let prompts = builtin_prompts();
+    // Each prompt twice: its second run starts from the cache.
+    let twice: Vec<Vec<u32>> = prompts.iter().flat_map(|p| [p.clone(), p.clone()]).collect();
+    let config = EngineConfig { speculative_tokens: 3, ..Default::default() };
+    let (runs, hits) = builtin_runs(config, &twice, 40);
+    assert_eq!(hits, prompts.len() as u64, "each prompt's second run hits the cache");
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &vt_test_support::repo_root().join("models/default")).unwrap();
+    let block = vt_core::KvOps::kv_block_size(model.backend());
+    for (p, pair) in prompts.iter().zip(runs.chunks(2)) {
+        assert!(p.len() > block, "a prompt of {} tokens caches no block of {block}", p.len());
+        let ((cold, cold_stats), (hit, hit_stats)) = (&pair[0], &pair[1]);
+        assert_eq!(hit, cold);
+        assert!(cold_stats.1 > 0, "no draft accepted: {cold_stats:?}");
+        assert_eq!(hit_stats, cold_stats, "drafts accepted after the hit differ from the cold run's");
     }
 }

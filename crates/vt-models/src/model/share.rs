@@ -173,6 +173,9 @@ impl<B: Backend> StatePool<B> {
             state.tables[0].push(id);
         }
         state.pos = tokens;
+        // The MTP layer's KV lives in the same blocks: the sequences that wrote them fed it there
+        // (an engine drafting with the MTP feeds every position it runs).
+        state.mtp_pos = tokens;
         Ok(())
     }
 

@@ -88,6 +88,12 @@ impl<B: Backend> SeqState<B> {
         self.mtp_pos.min(self.pos)
     }
 
+    /// Keeps only the MTP layer's first `positions` positions: a drafter feeds it again from there
+    /// (`Model::draft`; rows fed again overwrite their own KV).
+    pub fn cut_mtp(&mut self, positions: usize) {
+        self.mtp_pos = self.mtp_pos.min(positions);
+    }
+
     /// Decode steps recorded for this sequence so far (each replayed until its tables change).
     pub fn recordings(&self) -> usize {
         self.recordings

@@ -3,6 +3,7 @@
 //! the drafter is told (`crate::speculative`).
 
 use std::ops::Range;
+use std::time::Instant;
 
 use vt_core::backend::non_finite_row;
 use vt_core::{Backend, Tensor};
@@ -86,13 +87,21 @@ impl<B: Backend> Engine<B> {
         if asked.is_empty() {
             return (drafts, failed);
         }
-        let proposals: Vec<Proposal<'_>> = (asked.iter())
-            .map(|&i| {
-                let s = &self.running[i];
-                Proposal { seq: s.id, tokens: &s.tokens, k: take[i] - 1, sampling: s.sampler.params() }
+        let started = Instant::now();
+        let mut proposals: Vec<Proposal<'_, B>> = (self.running.iter_mut().enumerate())
+            .filter(|(i, _)| asked.contains(i))
+            .map(|(i, s)| Proposal {
+                seq: s.id,
+                tokens: &s.tokens,
+                k: take[i] - 1,
+                sampling: s.sampler.params(),
+                state: &mut s.state,
             })
             .collect();
-        match drafter.propose(&proposals) {
+        let proposed = drafter.propose(&self.model, &mut proposals);
+        drop(proposals);
+        self.draft_time += started.elapsed();
+        match proposed {
             Ok(got) => {
                 for (&i, mut d) in asked.iter().zip(got) {
                     d.tokens.truncate(take[i] - 1);
@@ -146,9 +155,10 @@ impl<B: Backend> Engine<B> {
         kept
     }
 
-    /// Tells the drafter what the target kept of each sequence the step ran and that goes on:
-    /// `take` tokens, or `kept` of a verification, with their hidden states where it reads them.
-    /// A drafter's error fails the sequences it was told about.
+    /// Tells the drafter what the target kept of each sequence the step ran whose state is intact
+    /// (those that end with this step too: the prefix cache may keep their blocks): `take` tokens,
+    /// or `kept` of a verification, with their hidden states where it reads them. A drafter's
+    /// error fails the sequences it was told about that go on.
     pub(super) fn observe(
         &mut self,
         take: &[usize],
@@ -157,19 +167,20 @@ impl<B: Backend> Engine<B> {
         events: &mut [Option<Event>],
     ) {
         let Some(drafter) = &mut self.drafter else { return };
+        let started = Instant::now();
         let b = self.model.backend();
         // The hidden rows: each sequence that ran, all the tokens it ran, in order.
         let mut row = 0;
         let mut seen = Vec::new();
         let mut told = Vec::new();
-        for (i, s) in self.running.iter().enumerate() {
+        for (i, s) in self.running.iter_mut().enumerate() {
             if take[i] == 0 {
                 continue;
             }
             let len = kept[i].unwrap_or(take[i]);
             let from = row;
             row += take[i];
-            if events[i].is_some() {
+            if matches!(events[i], Some(Event::Failed(_))) {
                 continue;
             }
             let rows = match &hidden {
@@ -182,11 +193,18 @@ impl<B: Backend> Engine<B> {
                 },
                 None => None,
             };
-            seen.push(Observation { seq: s.id, tokens: &s.tokens, start: s.state.len() - len, len, hidden: rows });
+            let start = s.state.len() - len;
+            seen.push(Observation { seq: s.id, tokens: &s.tokens, start, len, hidden: rows, state: &mut s.state });
             told.push(i);
         }
-        if let Err(e) = drafter.observe(&seen) {
-            told.iter().for_each(|&i| events[i] = Some(Event::Failed(format!("the drafter failed: {e}"))));
+        let observed = drafter.observe(&self.model, &mut seen);
+        drop(seen);
+        self.draft_time += started.elapsed();
+        if let Err(e) = observed {
+            let failed = Event::Failed(format!("the drafter failed: {e}"));
+            for i in told {
+                events[i].get_or_insert_with(|| failed.clone());
+            }
         }
     }
 }
