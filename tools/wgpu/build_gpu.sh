@@ -2,7 +2,7 @@
 # Builds here, where there is no GPU, what tools/wgpu/run_gpu.sh runs on the GPU machine: `vt`
 # with both GPU backends and vt-wgpu's op and parity test binaries (into .gpu/wgpu, ignored by
 # git), and fetches the Vulkan loader's Debian packages into .gl (the GPU machine has NVIDIA's
-# Vulkan driver, not always the loader). Prints the one device command; carry [".gpu", ".gl"].
+# Vulkan driver, not always the loader). Prints the one device command; carry [".gpu/wgpu", ".gl"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu/wgpu
@@ -28,5 +28,5 @@ if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then
 fi
 ls -la "$out" .gl
 echo
-echo 'device command (carry [".gpu", ".gl"]):'
+echo 'device command (carry [".gpu/wgpu", ".gl"]):'
 echo "  bash tools/wgpu/run_gpu.sh"

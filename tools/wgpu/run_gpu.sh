@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the repository root with .gpu/wgpu and .gl carried (tools/wgpu/
 # build_gpu.sh): vt-wgpu on the GPU's Vulkan driver (VT_WGPU_ADAPTER, default "nvidia"): its op
-# tests and fixture parity against vt-cpu, then `vt bench` on Qwen3.5-35B-A3B's shapes (random
-# weights, the first VT_LAYERS layers, default 8) on CUDA and on wgpu, and wgpu's speed as a
-# fraction of CUDA's. Full logs go to $OUT (or /tmp/vt-wgpu); a summary is printed last.
+# tests and fixture parity against vt-cpu, then `vt bench` on Qwen3.5-35B-A3B (random weights at
+# its config's shapes, every layer unless VT_LAYERS says how many; prompt 512, 32 tokens, batch
+# VT_BATCH, default 1) on CUDA and on wgpu, and wgpu's speed as a fraction of CUDA's. Each step
+# has its own time limit (4 minutes in all at most) and the next runs whatever the last did. Full
+# logs go to $OUT (or /tmp/vt-wgpu); a summary is printed last.
 set -uo pipefail
 logs=${OUT:-/tmp/vt-wgpu}
 mkdir -p "$logs"
@@ -25,20 +27,26 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linu
 root=$(strings "$bin/parity" | grep -o '/[^ ]*/crates/vt-test-support' | head -1 | sed 's,/crates/vt-test-support$,,')
 if [ -n "$root" ] && [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi
 summary=()
-run() {  # name, then the command
-    local name=$1; shift
+run() {  # name, seconds it may take, then the command
+    local name=$1 limit=$2; shift 2
     local t0=$SECONDS
-    timeout "${RUN_TIMEOUT:-300}" "$@" >"$logs/$name.log" 2>&1; local rc=$?
-    summary+=("== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result|^batch|adapter|wgpu:' "$logs/$name.log" | tr '\n' ' ')")
+    echo "== $name (at most $limit s): $*"
+    timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1; local rc=$?
+    [ $rc -eq 124 ] && echo "$name: stopped after $limit s" >>"$logs/$name.log"
+    summary+=("== $name: rc=$rc ($((SECONDS - t0)) s): $(grep -E '^test result|^batch|^weights|adapter|wgpu:|stopped after|^Error|panicked' "$logs/$name.log" | head -8 | tr '\n' ' ')")
     echo "${summary[-1]}"
 }
-run ops "$bin/ops" --nocapture
+run ops 45 "$bin/ops" --nocapture
 grep -E '^op ' "$logs/ops.log" | sort -t= -k2 -g | tail -5
-run parity "$bin/parity" --nocapture
+grep -E '^test .*FAILED' "$logs/ops.log"
+run parity 45 "$bin/parity" --nocapture
+grep -E '^test .*FAILED' "$logs/parity.log"
 model=tools/gpu/configs/qwen3_5_35b_a3b
-args=(--model "$model" --load-format dummy --num-layers "${VT_LAYERS:-8}" --batch 1,8 --prompt-len 512 --gen-len 32)
-run bench-cuda "$bin/vt" bench --backend cuda "${args[@]}"
-run bench-wgpu "$bin/vt" bench --backend wgpu "${args[@]}"
+args=(--model "$model" --load-format dummy --batch "${VT_BATCH:-1}" --prompt-len 512 --gen-len 32)
+[ -n "${VT_LAYERS:-}" ] && args+=(--num-layers "$VT_LAYERS")
+run bench-cuda 60 "$bin/vt" bench --backend cuda "${args[@]}"
+run bench-wgpu 90 "$bin/vt" bench --backend wgpu "${args[@]}"
+grep -hE '^weights|^batch' "$logs/bench-cuda.log" "$logs/bench-wgpu.log"
 python3 - "$logs/bench-cuda.log" "$logs/bench-wgpu.log" <<'PY'
 import re, sys
 def rates(path):
@@ -49,6 +57,8 @@ def rates(path):
             out[int(m[1])] = (float(m[2]), float(m[3]))
     return out
 cuda, wgpu = rates(sys.argv[1]), rates(sys.argv[2])
+if not cuda.keys() & wgpu.keys():
+    print(f"no ratio: batches measured on cuda {sorted(cuda)}, on wgpu {sorted(wgpu)} (see the logs)")
 for n in sorted(cuda.keys() & wgpu.keys()):
     (pc, dc), (pw, dw) = cuda[n], wgpu[n]
     print(f"batch {n}: prefill wgpu/cuda {pw:.0f}/{pc:.0f} tok/s = {pw / pc:.3f}; decode {dw:.1f}/{dc:.1f} tok/s = {dw / dc:.3f}")
