@@ -258,8 +258,9 @@ impl<B: Backend> Running<B> {
         &self.tokens[self.state.len()..]
     }
 
-    /// Takes this sequence's next token from row `row` of `picks` (its logits masked by `mask`
-    /// where it has a grammar) and sends it; returns the event that ends the sequence, if it ends.
+    /// Takes this sequence's next token from entry `row` of `picks` (its pick, or its logits
+    /// row masked by `mask` where it has a grammar) and sends it; returns the event that ends
+    /// the sequence, if it ends.
     fn pick(
         &mut self,
         picks: &Picks,
@@ -981,9 +982,8 @@ fn mask_rows(masks: &[Option<crate::Result<TokenMask>>], vocab: usize) -> Vec<Op
 /// The picks of a step whose tokens `Device::sample_rows` draws: one per logits row (`n_rows`),
 /// row `rows[i].start` drawn by sequence `i`'s sampler where it needs a token (`needs`; one that
 /// verifies drafts here is greedy, as its other rows are) under its mask (`words`), every other
-/// row greedy; then
-/// one for each further choice forking off a sequence here, by the choice's own sampler from the
-/// same row. Returns them, and where each sequence's choices' picks start.
+/// row greedy; then one for each further choice forking off a sequence here, by the choice's own
+/// sampler from the same row. Returns them, and where each sequence's choices' picks start.
 fn sample_picks<'a, B: Backend>(
     running: &'a mut [Running<B>],
     needs: &[bool],
