@@ -997,17 +997,7 @@ fn sample_picks<'a, B: Backend>(
             need.then(|| (s.sampler.uniform(), s.forks.iter_mut().map(|f| f.sampler.uniform()).collect()))
         })
         .collect();
-    let greedy = |row| vt_core::backend::SampleRow {
-        row,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        adjust: &[],
-        allowed: None,
-        uniform: 0.0,
-    };
+    let greedy = |row| vt_core::backend::SampleRow::plain(row, 0.0, 0.0);
     let mut list: Vec<_> = (0..n_rows).map(greedy).collect();
     let mut at = vec![0; running.len()];
     for (i, s) in running.iter().enumerate() {

@@ -50,6 +50,23 @@ pub struct SampleRow<'a> {
     pub uniform: f64,
 }
 
+impl SampleRow<'_> {
+    /// A pick from row `row` at `temperature` with `uniform`, nothing cut, adjusted or masked.
+    pub fn plain(row: usize, temperature: f32, uniform: f64) -> Self {
+        SampleRow {
+            row,
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            adjust: &[],
+            allowed: None,
+            uniform,
+        }
+    }
+}
+
 /// Applies `adjust` (as `LogitAdjust` says) to `row`.
 pub fn adjust_logits(row: &mut [f32], adjust: &[LogitAdjust], repetition_penalty: f32) {
     for a in adjust {
@@ -200,17 +217,7 @@ mod tests {
     const ROW: [f32; 6] = [1.0, 3.0, 2.9, 0.5, -1.0, 0.2];
 
     fn pick(uniform: f64) -> SampleRow<'static> {
-        SampleRow {
-            row: 0,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            adjust: &[],
-            allowed: None,
-            uniform,
-        }
+        SampleRow::plain(0, 1.0, uniform)
     }
 
     /// The draws of `s` at `N` evenly spread uniforms, counted per token; against `p` (worked

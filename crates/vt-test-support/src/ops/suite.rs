@@ -975,17 +975,7 @@ pub fn sample_rows_on_the_device_draw_as_the_reference<G: Backend>(dev: &OnDevic
                 repeated: (i % 5 < 2) as u32,
             })
             .collect();
-        let base = SampleRow {
-            row: 0,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            adjust: &[],
-            allowed: None,
-            uniform: 0.5,
-        };
+        let base = SampleRow::plain(0, 1.0, 0.5);
         let params = [
             base,
             SampleRow { temperature: 0.7, top_p: 0.9, ..base },
