@@ -358,6 +358,11 @@ fn finite_row(logits: &[f32], row: usize, vocab: usize) -> Result<&[f32], Event>
     vt_core::backend::check_finite(raw).map(|()| raw).map_err(|e| Event::Failed(e.to_string()))
 }
 
+/// A sequence's grammar masks of its rows in a step, in order (`Grammar::masks_along`): one
+/// where it picks one token; where it verifies drafts, as many as the walk through them got
+/// (rows past them are never picked from).
+type RowMasks = Vec<crate::Result<TokenMask>>;
+
 /// What a step reads back to choose its tokens: one per logits row (then, where sampled, one per
 /// further choice forking off in this step: `sample_picks`), or the rows themselves.
 enum Picks {
@@ -600,15 +605,18 @@ impl<B: Backend> Engine<B> {
         }
         // The forward is launched (a device backend runs it asynchronously); while it runs, the
         // grammars work out their masks on the CPU, across host threads: a batch of constrained
-        // sequences costs about one mask's time.
+        // sequences costs about one sequence's masks' time (one per row it verifies, in turn).
         let hidden = self.drafter.as_ref().is_some_and(|d| d.needs_hidden());
         let out = self.model.step(&mut batch, hidden);
         drop(batch);
-        let mut grammars: Vec<Option<&mut Grammar>> = (self.running.iter_mut().zip(&needs))
-            .map(|(s, &need)| if need { s.grammar.as_mut() } else { None })
+        let mut grammars: Vec<Option<(&mut Grammar, &[u32])>> = (self.running.iter_mut().zip(&needs).zip(&drafts))
+            .map(|((s, &need), d)| {
+                let drafted = d.as_ref().map_or(&[][..], |d| &d.tokens);
+                s.grammar.as_mut().filter(|_| need).map(|g| (g, drafted))
+            })
             .collect();
-        let mut masks: Vec<Option<crate::Result<TokenMask>>> =
-            grammars.par_iter_mut().map(|g| g.as_mut().map(|g| g.mask())).collect();
+        let mut masks: Vec<Option<RowMasks>> =
+            grammars.par_iter_mut().map(|g| g.as_mut().map(|(g, d)| g.masks_along(d))).collect();
         drop(grammars);
         let backend = self.model.backend();
         let vocab = self.limits.spec.vocab;
@@ -656,7 +664,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut events: Vec<Option<Event>> = failed;
         // Verifications first: their tokens, then what each keeps.
-        let kept = self.accept_drafts(&picks, &rows, &drafts, &mut events);
+        let kept = self.accept_drafts(&picks, &rows, &drafts, &masks, &mut events);
         let mut forked = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             if take[i] == 0 || events[i].is_some() {
@@ -696,7 +704,8 @@ impl<B: Backend> Engine<B> {
                     }
                 }
             }
-            events[i] = s.pick(&picks, row, masks[i].take(), vocab);
+            let mask = masks[i].take().and_then(|m| m.into_iter().next());
+            events[i] = s.pick(&picks, row, mask, vocab);
         }
         self.observe(&take, &kept, hidden, &mut events);
         for (mut child, parent, r) in forked {
@@ -943,23 +952,19 @@ impl<B: Backend> Engine<B> {
 
 /// The grammars' masks as `Device::argmax_rows` takes them, one row per logits row (`rows`: each
 /// running sequence's count of rows, 0 where it did not run, several where it verifies drafts,
-/// which a sequence with a grammar never does), every token allowed in a row without a mask;
-/// `None` when no row has one.
-fn allowed_bits(
-    rows: impl Iterator<Item = usize>,
-    masks: &[Option<crate::Result<TokenMask>>],
-    vocab: usize,
-) -> Option<Vec<u32>> {
-    if !masks.iter().any(|m| matches!(m, Some(Ok(_)))) {
+/// each under its own mask), every token allowed in a row without a mask; `None` when no row
+/// has one.
+fn allowed_bits(rows: impl Iterator<Item = usize>, masks: &[Option<RowMasks>], vocab: usize) -> Option<Vec<u32>> {
+    if !masks.iter().flatten().flatten().any(|m| m.is_ok()) {
         return None;
     }
     let words = mask_words(vocab);
     let mut bits = Vec::new();
-    for (n, mask) in rows.zip(masks) {
-        for _ in 0..n {
+    for (n, masks) in rows.zip(masks) {
+        for j in 0..n {
             let at = bits.len();
             bits.resize(at + words, u32::MAX);
-            if let Some(Ok(mask)) = mask {
+            if let Some(Ok(mask)) = masks.as_ref().and_then(|m| m.get(j)) {
                 mask.write_words(&mut bits[at..]);
             }
         }
@@ -967,29 +972,30 @@ fn allowed_bits(
     Some(bits)
 }
 
-/// Each sequence's grammar mask as `SampleRow::allowed` takes it, where it has one.
-fn mask_rows(masks: &[Option<crate::Result<TokenMask>>], vocab: usize) -> Vec<Option<Vec<u32>>> {
-    (masks.iter())
-        .map(|m| {
-            let Some(Ok(mask)) = m else { return None };
-            let mut words = vec![0; mask_words(vocab)];
-            mask.write_words(&mut words);
-            Some(words)
-        })
-        .collect()
+/// Each sequence's grammar masks of its rows as `SampleRow::allowed` takes them, where it has
+/// them.
+fn mask_rows(masks: &[Option<RowMasks>], vocab: usize) -> Vec<Vec<Option<Vec<u32>>>> {
+    let as_words = |m: &crate::Result<TokenMask>| {
+        let Ok(mask) = m else { return None };
+        let mut words = vec![0; mask_words(vocab)];
+        mask.write_words(&mut words);
+        Some(words)
+    };
+    masks.iter().map(|m| m.iter().flatten().map(as_words).collect()).collect()
 }
 
 /// The picks of a step whose tokens `Device::sample_rows` draws: one per logits row (`n_rows`),
 /// row `rows[i].start` drawn by sequence `i`'s sampler where it needs a token (`needs`; one that
-/// verifies drafts here is greedy, as its other rows are) under its mask (`words`), every other
-/// row greedy; then one for each further choice forking off a sequence here, by the choice's own
-/// sampler from the same row. Returns them, and where each sequence's choices' picks start.
+/// verifies drafts here is greedy, as its other rows are), each of its rows under its mask
+/// (`words`), every other row greedy; then one for each further choice forking off a sequence
+/// here, by the choice's own sampler from the same row. Returns them, and where each sequence's
+/// choices' picks start.
 fn sample_picks<'a, B: Backend>(
     running: &'a mut [Running<B>],
     needs: &[bool],
     rows: &[Range<usize>],
     n_rows: usize,
-    words: &'a [Option<Vec<u32>>],
+    words: &'a [Vec<Option<Vec<u32>>>],
 ) -> (Vec<vt_core::backend::SampleRow<'a>>, Vec<usize>) {
     // The draws first (they advance the generators), then the picks that borrow the samplers.
     let uniforms: Vec<Option<(f64, Vec<f64>)>> = (running.iter_mut().zip(needs))
@@ -1002,11 +1008,15 @@ fn sample_picks<'a, B: Backend>(
     let mut at = vec![0; running.len()];
     for (i, s) in running.iter().enumerate() {
         let Some((own, forks)) = &uniforms[i] else { continue };
+        let mask = move |j: usize| words[i].get(j).and_then(Option::as_deref);
         let row = rows[i].start;
-        list[row] = s.sampler.pick(row, words[i].as_deref(), *own);
+        list[row] = s.sampler.pick(row, mask(0), *own);
+        for (j, r) in rows[i].clone().enumerate().skip(1) {
+            list[r] = vt_core::backend::SampleRow { allowed: mask(j), ..greedy(r) };
+        }
         at[i] = list.len();
         for (f, &u) in s.forks.iter().zip(forks) {
-            list.push(f.sampler.pick(row, words[i].as_deref(), u));
+            list.push(f.sampler.pick(row, mask(0), u));
         }
     }
     (list, at)

@@ -96,6 +96,36 @@ impl Grammar {
         Ok(TokenMask(vob))
     }
 
+    /// How many of `drafts` the grammar allows in turn from here; its state does not move. A
+    /// verification need not run the drafts after the first one it forbids, which it can never
+    /// accept. A stopped grammar (complete, only the stop token left) allows none.
+    pub fn allowed_prefix(&mut self, drafts: &[u32]) -> Result<usize> {
+        self.matcher.validate_tokens(drafts).map_err(grammar_err)
+    }
+
+    /// The masks of a verification's rows: the tokens allowed now, then after each of `drafts`
+    /// in turn, as `mask` would give them after `accept`ing the drafts before. They end early
+    /// where no later row is picked from: at a draft its row's mask forbids (rejected there), at
+    /// one the grammar fails to accept (accepting it fails the sequence), or after a mask's error
+    /// (the last entry). The state does not move: a copy walks the drafts.
+    pub fn masks_along(&mut self, drafts: &[u32]) -> Vec<Result<TokenMask>> {
+        let mut masks = vec![self.mask()];
+        if drafts.is_empty() {
+            return masks;
+        }
+        // A shallow copy: it shares the lexer's caches (behind a lock) with this grammar, idle
+        // meanwhile.
+        let mut walk = Grammar { matcher: self.matcher.clone() };
+        for &d in drafts {
+            let allowed = matches!(masks.last(), Some(Ok(m)) if m.allows(d));
+            if !allowed || walk.accept(d).is_err() {
+                break;
+            }
+            masks.push(walk.mask());
+        }
+        masks
+    }
+
     /// Advances past the chosen token.
     pub fn accept(&mut self, id: u32) -> Result<()> {
         if self.matcher.is_stopped() {

@@ -65,15 +65,15 @@ fn chi2(counts: &[usize], p: &[f64]) -> f64 {
         .sum()
 }
 
-/// Emitted-token counts and acceptances over N verifications of drafts drawn by `draft`, whose
-/// distribution the rule is told as `q` (`None`: a point mass).
-fn verify_many(mut draft: impl FnMut() -> u32, q: Option<&[f32]>) -> ([usize; 6], usize, [usize; 6]) {
+/// Emitted-token counts and acceptances over N verifications at `logits` of drafts drawn by
+/// `draft`, whose distribution the rule is told as `q` (`None`: a point mass).
+fn verify_many(logits: &[f32], mut draft: impl FnMut() -> u32, q: Option<&[f32]>) -> ([usize; 6], usize, [usize; 6]) {
     let (mut emitted, mut drafted, mut accepted) = ([0; 6], [0; 6], 0);
     for i in 0..N {
         let mut s = Sampler::new(params(i as u64), &[2]).unwrap();
         let x = draft();
         drafted[x as usize] += 1;
-        let v = s.verify(&LOGITS, x, q);
+        let v = s.verify(logits, x, q);
         assert!(!v.accepted || v.token == x);
         emitted[v.token as usize] += 1;
         accepted += usize::from(v.accepted);
@@ -87,7 +87,7 @@ fn sampled_drafts_leave_the_target_distribution() {
     // q puts mass where p has none (tokens 4, 5) and too much on token 2.
     let q: [f32; 6] = [0.1, 0.2, 0.35, 0.05, 0.2, 0.1];
     let mut rng = Lcg(11);
-    let (emitted, accepted, drafted) = verify_many(|| rng.draw(&q), Some(&q));
+    let (emitted, accepted, drafted) = verify_many(&LOGITS, || rng.draw(&q), Some(&q));
     assert_eq!((emitted[4], emitted[5]), (0, 0), "tokens outside top-k were emitted: {emitted:?}");
     let stat = chi2(&emitted, &p);
     assert!(stat < CHI2_3_LIMIT, "emitted {emitted:?} against p {p:?}: chi2 {stat}");
@@ -103,11 +103,43 @@ fn sampled_drafts_leave_the_target_distribution() {
 fn deterministic_drafts_leave_the_target_distribution() {
     // A drafter that always proposes token 2 (probs None: a point mass).
     let p = target();
-    let (emitted, accepted, _) = verify_many(|| 2, None);
+    let (emitted, accepted, _) = verify_many(&LOGITS, || 2, None);
     let stat = chi2(&emitted, &p);
     assert!(stat < CHI2_3_LIMIT, "emitted {emitted:?} against p {p:?}: chi2 {stat}");
     let (a, sd) = (p[2], (p[2] * (1.0 - p[2]) / N as f64).sqrt());
     assert!((accepted as f64 / N as f64 - a).abs() < 6.0 * sd, "accepted {accepted} of {N}, expected p(2) = {a}");
+}
+
+/// Under a grammar the engine verifies a row's logits with the disallowed tokens at -inf
+/// (`TokenMask::apply`), and a draft the grammar forbids, drawn from q, is still verified at its
+/// row (rejected there): the output is distributed as the masked p. Sampling that row afresh
+/// instead, as if the draft had not been made, would not be: q's mass on forbidden tokens would
+/// skip the residual's correction.
+#[test]
+fn drafts_a_grammar_forbids_leave_the_masked_distribution() {
+    let mut masked = LOGITS;
+    (masked[0], masked[3]) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    // p: top-4 keeps the four allowed tokens, token 2's logit is 2.9 / 1.3 (as `target`).
+    let mut l: Vec<f64> = masked.iter().map(|&x| x as f64).collect();
+    l[2] /= 1.3;
+    let w: Vec<f64> = l.iter().map(|&l| ((l - 3.0) / 0.8).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let p: Vec<f64> = w.iter().map(|w| w / total).collect();
+    let q: [f32; 6] = [0.1, 0.2, 0.35, 0.05, 0.2, 0.1];
+    let mut rng = Lcg(5);
+    let (emitted, _, _) = verify_many(&masked, || rng.draw(&q), Some(&q));
+    assert_eq!((emitted[0], emitted[3]), (0, 0), "forbidden tokens were emitted: {emitted:?}");
+    let stat = chi2(&emitted, &p);
+    assert!(stat < CHI2_3_LIMIT, "emitted {emitted:?} against p {p:?}: chi2 {stat}");
+    // The rule that drops a forbidden draft and samples its row afresh.
+    let mut afresh = [0; 6];
+    for i in 0..N {
+        let mut s = Sampler::new(params(i as u64), &[2]).unwrap();
+        let x = rng.draw(&q);
+        let token = if [0, 3].contains(&x) { s.sample(&masked) } else { s.verify(&masked, x, Some(&q)).token };
+        afresh[token as usize] += 1;
+    }
+    assert!(chi2(&afresh, &p) > 10.0 * CHI2_3_LIMIT, "the test can tell: {afresh:?}");
 }
 
 #[test]

@@ -186,3 +186,45 @@ fn constraint_after_reasoning_allows_free_thought_then_the_schema() {
     assert!(done.mask().unwrap().allows(eos), "complete: the stop token is allowed");
     assert!(walk("thought</think>\n\nnot json").is_none(), "after </think> only the schema");
 }
+
+/// A verification's masks (`Grammar::masks_along`) are the masks stepping through its drafts
+/// gives, up to the first draft the grammar forbids (which `allowed_prefix` counts up to), and
+/// leave the grammar where it was.
+#[test]
+fn masks_along_drafts_are_the_stepwise_masks() {
+    let dir = repo_root().join("models/default");
+    let tok = Tokenizer::load(&dir).unwrap().unwrap();
+    let eos = tok.eos_id().unwrap();
+    let vocab = Model::load(&CpuBackend::new(), &dir).unwrap().spec().vocab;
+    let compiler = tok.grammar_compiler(&[eos], vocab).unwrap();
+    let spec = ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["a", "b"], "additionalProperties": false}));
+    let words = |m: &vt::grammar::TokenMask| {
+        let mut w = vec![0; vt_core::backend::mask_words(vocab)];
+        m.write_words(&mut w);
+        w
+    };
+    let text = tok.encode("{\"a\":\"xy z\",\"b\":[12,3]}", false).unwrap();
+    let mut g = compiler.compile(&spec).unwrap();
+    // From every position: the next three tokens of the text, then one the grammar forbids there.
+    for at in 0..text.len() {
+        let mut drafts: Vec<u32> = text[at..].iter().take(3).copied().collect();
+        let allowed = drafts.len();
+        let mut step = g.clone();
+        let mut want = Vec::new();
+        for &d in &drafts {
+            want.push(words(&step.mask().unwrap()));
+            step.accept(d).unwrap();
+        }
+        let last = step.mask().unwrap();
+        drafts.push((0..vocab as u32).find(|&t| !last.allows(t)).unwrap());
+        want.push(words(&last));
+        let before = words(&g.mask().unwrap());
+        assert_eq!(g.allowed_prefix(&drafts).unwrap(), allowed, "{at}");
+        let got: Vec<Vec<u32>> = g.masks_along(&drafts).iter().map(|m| words(m.as_ref().unwrap())).collect();
+        assert!(got == want, "{at}: the masks differ from stepping through the drafts");
+        assert!(words(&g.mask().unwrap()) == before, "{at}: the grammar moved");
+        g.accept(text[at]).unwrap();
+    }
+}

@@ -21,7 +21,7 @@ fn prompts(vocab: usize, n: usize) -> Vec<Vec<u32>> {
 }
 
 /// How the stand-in drafter proposes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// The model's own greedy continuation (a second copy of the target).
     Model,
@@ -29,6 +29,8 @@ enum Kind {
     Random,
     /// The model's continuation with every third draft replaced by a wrong token.
     Mixed,
+    /// Tokens drawn from the uniform distribution, which goes with them as their `probs`.
+    Uniform,
 }
 
 struct StandIn {
@@ -71,7 +73,7 @@ impl Drafter<CpuBackend> for StandIn {
             assert!(p.k >= 1, "asked for no drafts");
             assert_eq!(self.seen.get(&p.seq), Some(&(p.tokens.len() - 1)), "observed up to the pending token");
             let tokens = match self.kind {
-                Kind::Random => (0..p.k).map(|_| (self.next() % vocab) as u32).collect(),
+                Kind::Random | Kind::Uniform => (0..p.k).map(|_| (self.next() % vocab) as u32).collect(),
                 Kind::Model => self.continuation(p.tokens, p.k),
                 Kind::Mixed => {
                     let mut t = self.continuation(p.tokens, p.k);
@@ -83,7 +85,8 @@ impl Drafter<CpuBackend> for StandIn {
                     t
                 }
             };
-            out.push(Draft { tokens, probs: None });
+            let probs = (self.kind == Kind::Uniform).then(|| vec![vec![1.0 / vocab as f32; vocab as usize]; p.k]);
+            out.push(Draft { tokens, probs });
         }
         Ok(out)
     }
@@ -214,7 +217,9 @@ fn greedy_output_with_speculation_equals_without_on_every_fixture() {
                         accepted * 10 >= drafted * 8 && steps < plain_steps,
                         "{at}: accepted {accepted} of {drafted} in {steps} steps (plain {plain_steps})"
                     ),
-                    Kind::Random => assert!(accepted * 4 < drafted, "{at}: accepted {accepted} of {drafted}"),
+                    Kind::Random | Kind::Uniform => {
+                        assert!(accepted * 4 < drafted, "{at}: accepted {accepted} of {drafted}")
+                    }
                     Kind::Mixed => {}
                 }
             }
@@ -370,4 +375,204 @@ fn mtp_drafts_after_a_prefix_cache_hit_equal_the_cold_run() {
         assert!(cold_stats.1 > 0, "no draft accepted: {cold_stats:?}");
         assert_eq!(hit_stats, cold_stats, "drafts accepted after the hit differ from the cold run's");
     }
+}
+
+/// The built-in model (it has a tokenizer, for grammars) with a JSON schema's grammar compiler,
+/// its stop token and the schema.
+struct Json {
+    tok: vt::Tokenizer,
+    compiler: vt::grammar::GrammarCompiler,
+    eos: u32,
+    spec: vt::grammar::ConstraintSpec,
+}
+
+impl Json {
+    fn new() -> Json {
+        let dir = vt_test_support::repo_root().join("models/default");
+        let tok = vt::Tokenizer::load(&dir).unwrap().unwrap();
+        let eos = tok.eos_id().unwrap();
+        let vocab = Model::load(&CpuBackend::new(), &dir).unwrap().spec().vocab;
+        let compiler = tok.grammar_compiler(&[eos], vocab).unwrap();
+        let spec = vt::grammar::ConstraintSpec::JsonSchema(serde_json::json!({"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 6}, "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+            "required": ["a", "b"], "additionalProperties": false}));
+        Json { tok, compiler, eos, spec }
+    }
+
+    fn request(&self, text: &str, constrained: bool, sampling: SamplingParams) -> Request {
+        Request {
+            prompt: self.tok.encode(text, false).unwrap(),
+            max_tokens: 60,
+            sampling,
+            stop_token_ids: vec![self.eos],
+            grammar: constrained.then(|| self.compiler.compile(&self.spec).unwrap()),
+            logprobs: constrained.then_some(2),
+        }
+    }
+
+    /// `out`, where it ends with the stop token, is valid under the schema.
+    fn check(&self, out: &[u32], at: &str) -> bool {
+        let Some((&last, text)) = out.split_last() else { return false };
+        if last != self.eos {
+            return false;
+        }
+        let text = self.tok.decode(text).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{at}: {text:?}: {e}"));
+        let ok = v["a"].as_str().is_some_and(|a| a.chars().count() <= 6)
+            && v["b"].as_array().is_some_and(|b| b.len() <= 3 && b.iter().all(|x| x.is_i64()))
+            && v.as_object().unwrap().len() == 2;
+        assert!(ok, "{at}: {text}");
+        true
+    }
+
+    /// Every event of three constrained greedy requests and an unconstrained one, batched; one
+    /// constrained request arrives while the others decode, with a sampled unconstrained one
+    /// (its tokens are drawn by `sample_rows` beside the others' greedy rows, verified under
+    /// their masks; its events are not returned). `host`: one constrained request has a (zero)
+    /// logit bias, which makes its verifications read their logits back. With the drafts
+    /// verified and accepted.
+    fn run(&self, config: EngineConfig, drafter: Option<Kind>, host: bool) -> (Vec<Vec<Event>>, (u64, u64)) {
+        let b = CpuBackend::new();
+        let dir = vt_test_support::repo_root().join("models/default");
+        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), config).unwrap();
+        if let Some(kind) = drafter {
+            let model = Model::load(&b, &dir).unwrap();
+            engine.set_drafter(Box::new(StandIn { kind, model, rng: 11, seen: Default::default() }));
+        }
+        let biased = SamplingParams { logit_bias: if host { vec![(0, 0.0)] } else { vec![] }, ..Default::default() };
+        let first = [
+            self.request("JSON please:", true, SamplingParams::greedy()),
+            self.request("An object", true, biased),
+            self.request("def main():", false, SamplingParams::greedy()),
+        ];
+        let mut logs = Vec::new();
+        for req in first {
+            let (log, sink) = collect();
+            engine.add(req, sink).unwrap();
+            logs.push(log);
+        }
+        engine.step();
+        engine.step();
+        let (log, sink) = collect();
+        engine.add(self.request("Give me JSON:", true, SamplingParams::greedy()), sink).unwrap();
+        logs.push(log);
+        // Two tokens: it never verifies (its last token is never run), so these steps' verified
+        // rows are all greedy and picked by `sample_rows`.
+        let hot = SamplingParams { temperature: 1.0, seed: 5, ..Default::default() };
+        engine.add(Request { max_tokens: 2, ..self.request("Hello", false, hot) }, collect().1).unwrap();
+        while engine.has_work() {
+            engine.step();
+        }
+        (logs.iter().map(|l| l.lock().unwrap().clone()).collect(), engine.speculation_stats())
+    }
+}
+
+/// Sequences under a grammar speculate, each verified row under the grammar's state after the
+/// drafts before it, and get exactly the events they get without speculation, whatever the
+/// drafter proposes (the model's unconstrained continuation, which the grammar sometimes
+/// forbids; random tokens, nearly all forbidden; a mix; the MTP layer; prompt lookup), with the
+/// picks made on the backend (`argmax_rows`, `sample_rows`) or on the host. The outputs are
+/// valid under the schema: the grammar ends having accepted exactly the emitted tokens.
+#[test]
+fn constrained_output_with_speculation_equals_without() {
+    let json = Json::new();
+    for host in [false, true] {
+        let (want, _) = json.run(EngineConfig::default(), None, host);
+        let complete =
+            (want.iter().enumerate()).filter(|(i, l)| *i != 2 && json.check(&tokens(&[l.to_vec()])[0], "plain"));
+        assert!(complete.count() >= 2, "host {host}: the plain run completes too few outputs to compare: {want:?}");
+        let drafters = [Kind::Model, Kind::Random, Kind::Mixed].map(Some).into_iter().chain([None]);
+        for drafter in drafters {
+            let kinds = match drafter {
+                Some(_) => vec![DrafterKind::Auto],
+                None => vec![DrafterKind::Mtp, DrafterKind::Ngram],
+            };
+            for (kind, k) in kinds.into_iter().flat_map(|kind| (1..=3).map(move |k| (kind, k))) {
+                let config = EngineConfig { speculative_tokens: k, drafter: kind, ..Default::default() };
+                let (got, (drafted, accepted)) = json.run(config, drafter, host);
+                let at = format!("host {host}, drafter {drafter:?} {kind:?}, k {k}");
+                assert!(got == want, "{at}: the events differ from decoding without speculation");
+                for (i, out) in tokens(&got).iter().enumerate().filter(|(i, _)| *i != 2) {
+                    json.check(out, &format!("{at}, request {i}"));
+                }
+                println!("{at}: accepted {accepted} of {drafted}");
+                if drafter == Some(Kind::Model) || kind == DrafterKind::Mtp {
+                    assert!(accepted > 0, "{at}: accepted {accepted} of {drafted}");
+                }
+            }
+        }
+    }
+}
+
+/// A lone constrained request speculates: the model's own continuation is accepted where the
+/// grammar allows it, while random drafts, which it nearly always forbids, are cut at the first
+/// forbidden one and barely reach the verification.
+#[test]
+fn constrained_sequences_speculate_and_skip_forbidden_drafts() {
+    let json = Json::new();
+    let b = CpuBackend::new();
+    let dir = vt_test_support::repo_root().join("models/default");
+    for kind in [Kind::Model, Kind::Random] {
+        let config = EngineConfig { speculative_tokens: 3, ..Default::default() };
+        let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), config).unwrap();
+        let model = Model::load(&b, &dir).unwrap();
+        engine.set_drafter(Box::new(StandIn { kind, model, rng: 5, seen: Default::default() }));
+        let (log, sink) = collect();
+        engine.add(json.request("JSON please:", true, SamplingParams::greedy()), sink).unwrap();
+        let mut steps = 0;
+        while engine.has_work() {
+            engine.step();
+            steps += 1;
+        }
+        let out = tokens(&[log.lock().unwrap().clone()]).remove(0);
+        assert!(json.check(&out, &format!("{kind:?}")), "{kind:?}: incomplete {out:?}");
+        let (drafted, accepted) = engine.speculation_stats();
+        println!("{kind:?}: {} tokens in {steps} steps, accepted {accepted} of {drafted}", out.len());
+        match kind {
+            Kind::Model => assert!(accepted > 0 && steps < out.len(), "{kind:?}: accepted {accepted} of {drafted}"),
+            // Uncut, every decode step would verify 3.
+            _ => assert!(drafted < out.len() as u64, "{kind:?}: {drafted} drafts verified for {} tokens", out.len()),
+        }
+    }
+}
+
+/// Sampled requests under a grammar speculate and keep to it. A draft drawn from a distribution
+/// that the grammar forbids is still verified at its row (rejected there, the token drawn from
+/// the residual of p and q, as the acceptance rule has it: `acceptance.rs`), so every decode step
+/// of the uniform drafter verifies at least one draft; the model's drafts are point masses.
+#[test]
+fn sampled_constrained_requests_speculate_and_keep_the_schema() {
+    let json = Json::new();
+    let b = CpuBackend::new();
+    let dir = vt_test_support::repo_root().join("models/default");
+    let mut complete = 0;
+    for kind in [Kind::Uniform, Kind::Model] {
+        for seed in 0..3 {
+            let config = EngineConfig { speculative_tokens: 2, ..Default::default() };
+            let mut engine = Engine::new(Model::load(&b, &dir).unwrap(), config).unwrap();
+            let model = Model::load(&b, &dir).unwrap();
+            engine.set_drafter(Box::new(StandIn { kind, model, rng: seed, seen: Default::default() }));
+            let (log, sink) = collect();
+            let hot = SamplingParams { temperature: 1.0, seed, ..Default::default() };
+            engine.add(json.request("JSON please:", true, hot), sink).unwrap();
+            while engine.has_work() {
+                engine.step();
+            }
+            let out = tokens(&[log.lock().unwrap().clone()]).remove(0);
+            let at = format!("{kind:?}, seed {seed}");
+            complete += usize::from(json.check(&out, &at));
+            let (drafted, accepted) = engine.speculation_stats();
+            println!("{at}: {} tokens, accepted {accepted} of {drafted}", out.len());
+            assert!(drafted > 0, "{at}: nothing verified");
+            if kind == Kind::Uniform {
+                // One decode step per token but the first, less those the accepted drafts saved.
+                assert!(
+                    drafted + accepted + 1 >= out.len() as u64,
+                    "{at}: {drafted} verified for {} tokens",
+                    out.len()
+                );
+            }
+        }
+    }
+    assert!(complete > 0, "no output completed");
 }

@@ -8,17 +8,18 @@ use std::time::Instant;
 use vt_core::backend::non_finite_row;
 use vt_core::{Backend, Tensor};
 
-use super::{finite_row, token_logprobs, Engine, Event, Picks, Running};
+use super::{finite_row, token_logprobs, Engine, Event, Picks, RowMasks, Running};
+use crate::grammar::TokenMask;
 use crate::speculative::{Draft, Observation, Proposal};
 
 impl<B: Backend> Running<B> {
     /// Drafts this sequence may verify in a step beside its pending token: none unless it is
-    /// decoding (its one pending token generated; no grammar, whose masks would have to follow
-    /// each draft); at most `k`, and what its generation leaves (its last token is never run);
-    /// and with a prefix cache (`block`), what keeps it within its block: the cache snapshots a
-    /// decoding sequence at each block boundary it reaches, which a step must not jump over.
+    /// decoding (its one pending token generated); at most `k`, and what its generation leaves
+    /// (its last token is never run); and with a prefix cache (`block`), what keeps it within its
+    /// block: the cache snapshots a decoding sequence at each block boundary it reaches, which a
+    /// step must not jump over.
     pub(super) fn draft_room(&self, k: usize, block: Option<usize>) -> usize {
-        let decoding = self.generated > 0 && self.pending().len() == 1 && self.grammar.is_none();
+        let decoding = self.generated > 0 && self.pending().len() == 1;
         if !decoding {
             return 0;
         }
@@ -30,16 +31,24 @@ impl<B: Backend> Running<B> {
     /// Takes this verifying sequence's tokens from its `rows` of `picks` (the pending token's
     /// row, then each draft's), accepting drafts while the target agrees (`Sampler::verify`),
     /// and sends them; returns how many of the verified positions it keeps, and the event that
-    /// ends it, if it ends.
+    /// ends it, if it ends. Where it has a grammar, `masks` are its rows' (`Grammar::masks_along`;
+    /// the picks on the device were made under them).
     fn pick_verified(
         &mut self,
         picks: &Picks,
         rows: Range<usize>,
         draft: &Draft,
+        masks: Option<&[crate::Result<TokenMask>]>,
         vocab: usize,
     ) -> (usize, Option<Event>) {
         for (j, row) in rows.clone().enumerate() {
             let proposed = draft.tokens.get(j).copied();
+            // Rows past the masks are never reached: the walk stopped at a draft rejected before.
+            let mask = match masks.and_then(|m| m.get(j)) {
+                Some(Err(e)) => return (j + 1, Some(Event::Failed(e.to_string()))),
+                Some(Ok(m)) => Some(m),
+                None => None,
+            };
             let (id, accepted, logprobs) = match picks {
                 Picks::Ids(picks, lps) => {
                     let pick = picks[row];
@@ -53,13 +62,19 @@ impl<B: Backend> Running<B> {
                         Ok(raw) => raw,
                         Err(e) => return (j + 1, Some(e)),
                     };
+                    let masked = mask.map(|m| {
+                        let mut masked = raw.to_vec();
+                        m.apply(&mut masked);
+                        masked
+                    });
+                    let target = masked.as_deref().unwrap_or(raw);
                     let (id, accepted) = match proposed {
                         Some(d) => {
                             let q = draft.probs.as_ref().and_then(|p| p.get(j)).map(Vec::as_slice);
-                            let v = self.sampler.verify(raw, d, q);
+                            let v = self.sampler.verify(target, d, q);
                             (v.token, v.accepted)
                         }
-                        None => (self.sampler.sample(raw), false),
+                        None => (self.sampler.sample(target), false),
                     };
                     (id, accepted, self.logprobs.map(|k| token_logprobs(raw, id, k)))
                 }
@@ -105,11 +120,25 @@ impl<B: Backend> Engine<B> {
             Ok(got) => {
                 for (&i, mut d) in asked.iter().zip(got) {
                     d.tokens.truncate(take[i] - 1);
+                    if let Some(g) = &mut self.running[i].grammar {
+                        match g.allowed_prefix(&d.tokens) {
+                            // Drafts after the first the grammar forbids never run. That one is
+                            // rejected at its row; one drawn from a distribution still goes there,
+                            // where its rejection draws from the residual of p and q.
+                            Ok(n) => d.tokens.truncate(n + usize::from(d.probs.is_some())),
+                            Err(e) => {
+                                take[i] = 0;
+                                failed[i] = Some(Event::Failed(e.to_string()));
+                                continue;
+                            }
+                        }
+                    }
                     take[i] = 1 + d.tokens.len();
                     drafts[i] = (!d.tokens.is_empty()).then_some(d);
                 }
                 // A drafter that answered fewer proposals than asked drafted nothing for the rest.
-                asked.iter().filter(|&&i| drafts[i].is_none()).for_each(|&i| take[i] = 1);
+                let rest = asked.iter().filter(|&&i| drafts[i].is_none() && failed[i].is_none());
+                rest.for_each(|&i| take[i] = 1);
             }
             Err(e) => {
                 for &i in &asked {
@@ -121,22 +150,23 @@ impl<B: Backend> Engine<B> {
         (drafts, failed)
     }
 
-    /// Picks the tokens of every verifying sequence (`drafts`), then settles their states to
-    /// the positions each keeps; returns, for every running sequence, the positions the step
-    /// kept of it where it verified (`None` elsewhere). Events that end a sequence go to
-    /// `events`.
+    /// Picks the tokens of every verifying sequence (`drafts`, under its grammar's `masks`),
+    /// then settles their states to the positions each keeps; returns, for every running
+    /// sequence, the positions the step kept of it where it verified (`None` elsewhere). Events
+    /// that end a sequence go to `events`.
     pub(super) fn accept_drafts(
         &mut self,
         picks: &Picks,
         rows: &[Range<usize>],
         drafts: &[Option<Draft>],
+        masks: &[Option<RowMasks>],
         events: &mut [Option<Event>],
     ) -> Vec<Option<usize>> {
         let vocab = self.limits.spec.vocab;
         let mut kept = vec![None; self.running.len()];
         for (i, s) in self.running.iter_mut().enumerate() {
             if let Some(d) = &drafts[i] {
-                let (keep, ev) = s.pick_verified(picks, rows[i].clone(), d, vocab);
+                let (keep, ev) = s.pick_verified(picks, rows[i].clone(), d, masks[i].as_deref(), vocab);
                 self.drafted += d.tokens.len() as u64;
                 self.accepted += keep as u64 - 1;
                 kept[i] = Some(keep);
