@@ -270,8 +270,13 @@ impl FusedOps for CudaBackend {
         seqs: &[KvSeq<'_>],
         params: &AttentionParams,
     ) -> Result<Tensor<Self>> {
-        if attention::decode_fits(q.shape().last().copied().unwrap_or(0)) {
+        let head_dim = q.shape().last().copied().unwrap_or(0);
+        if attention::decode_fits(head_dim) {
             return attention::decode_step(self, q, k, v, rope, pool, seqs, params);
+        }
+        if let Some(r) = self.recording() {
+            // The composed op makes an attention call per sequence, where a replay gives one.
+            return Err(r.refuse("attention_decode", &format!("head dim {head_dim} runs a call per sequence")));
         }
         vt_core::backend::composed::attention_decode(self, q, k, v, rope, pool, seqs, params)
     }

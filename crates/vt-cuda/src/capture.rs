@@ -16,10 +16,13 @@ use crate::limits::KV_BLOCK;
 /// have room for them, and its attention grids cover them.
 pub(crate) const RECORD_AHEAD: usize = 256;
 
-/// One attention call of a recorded step: the pool layer it reads (its storage, which a replay's
-/// pool must still have) and which of the recording's table buffers holds its rows' tables.
+/// One attention call of a recorded step: the rows it serves (`rows` from `row`: a decode step's
+/// all, a verification's wave some), the pool layer it reads (its storage, which a replay's pool
+/// must still have) and which of the recording's table buffers holds its rows' tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RecordedAttention {
+    pub row: usize,
+    pub rows: usize,
     pub layer: usize,
     pub keys: u64,
     pub layout: KvLayout,
@@ -27,13 +30,23 @@ pub(crate) struct RecordedAttention {
     pub table: usize,
 }
 
-/// One delta-net call of a recorded step: where its kernels read the rows' state addresses, or
-/// the addresses its ops were recorded with (the composed ops take no address array).
+/// One delta-net call of a recorded step: where its kernels read the states' addresses, or the
+/// addresses its ops were recorded with (the composed ops take no address array).
 pub(crate) enum RecordedStates {
-    /// `[conv: rows][recurrent: rows]` addresses, filled by each replay.
-    Filled(CudaBuffer),
-    /// `(conv, recurrent)` of each row: a replay must pass these.
+    /// `[conv: n][recurrent: n]` addresses of the call's `n` states, filled by each replay.
+    Filled(CudaBuffer, usize),
+    /// `(conv, recurrent)` of each of the call's states: a replay must pass these.
     Fixed(Vec<(u64, u64)>),
+}
+
+impl RecordedStates {
+    /// States the call takes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RecordedStates::Filled(_, n) => *n,
+            RecordedStates::Fixed(f) => f.len(),
+        }
+    }
 }
 
 /// A recording's calls and the buffers they read.
@@ -41,7 +54,7 @@ pub(crate) enum RecordedStates {
 pub(crate) struct RecordedCalls {
     /// The attention calls, in the order the step makes them.
     pub attention: Vec<RecordedAttention>,
-    /// A buffer of `rows x table_width()` entries per distinct set of tables (layers whose rows
+    /// A buffer of `rows x table_width()` entries per distinct set of tables (calls whose rows
     /// have the same tables share it), with the tables it was recorded with.
     pub tables: Vec<(CudaBuffer, Vec<Vec<u32>>)>,
     /// The delta-net calls, in order.
@@ -99,17 +112,30 @@ impl Recording {
         self.positions.len()
     }
 
-    /// Device address of the position (an `i32`) of a one-sequence step at `pos`.
+    /// Device address of the position (an `i32`) of the one row at `pos`.
     pub(crate) fn pos_at(&self, op: &str, pos: usize) -> Result<u64> {
         self.positions_at(op, &[pos])
     }
 
-    /// Device address of the rows' positions (`i32`s), which must be the recorded ones.
+    /// Device address of the positions (`i32`s) of the rows an op serves, given as theirs.
     pub(crate) fn positions_at(&self, op: &str, starts: &[usize]) -> Result<u64> {
-        if starts != self.positions {
-            return Err(err(format!("{op}: positions {starts:?} in a step recorded at {:?}", self.positions)));
+        Ok(self.inputs.ptr() + 4 * self.row_of(op, starts)? as u64)
+    }
+
+    /// The first of the consecutive rows whose recorded positions are `starts`: all rows for a
+    /// decode step's ops, a wave's for a verification's (its positions follow one another, so
+    /// they name their rows). Positions that match no run of rows, or several, are refused.
+    fn row_of(&self, op: &str, starts: &[usize]) -> Result<usize> {
+        let mut at = (0..=self.positions.len().saturating_sub(starts.len()))
+            .filter(|&r| !starts.is_empty() && self.positions[r..r + starts.len()] == *starts);
+        match (at.next(), at.next()) {
+            (Some(row), None) => Ok(row),
+            (first, _) => Err(err(format!(
+                "{op}: positions {starts:?} match {} rows of a step recorded at {:?}",
+                if first.is_some() { "several runs of" } else { "no run of" },
+                self.positions
+            ))),
         }
-        Ok(self.inputs.ptr())
     }
 
     /// Device address of the step's token ids, for a table of `vocab` rows.
@@ -133,40 +159,56 @@ impl Recording {
     /// entries), which replays fill.
     pub(crate) fn table_at(&self, op: &str, seqs: &[KvSeq<'_>], store: &KvStore, window: Option<usize>) -> Result<u64> {
         let starts: Vec<usize> = seqs.iter().map(|s| s.start).collect();
-        self.positions_at(op, &starts)?;
+        let row = self.row_of(op, &starts)?;
         let used: Vec<Vec<u32>> = seqs.iter().map(|s| s.table[..(s.start + 1).div_ceil(KV_BLOCK)].to_vec()).collect();
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         let table = match calls.tables.iter().position(|(_, t)| *t == used) {
             Some(i) => i,
             None => {
-                let buf = CudaBuffer::new(&self.parent, 4 * self.rows() * self.table_width())?;
+                let buf = CudaBuffer::new(&self.parent, 4 * seqs.len() * self.table_width())?;
                 calls.tables.push((buf, used));
                 calls.tables.len() - 1
             }
         };
         let layer = seqs.first().map_or(0, |s| s.layer);
-        calls.attention.push(RecordedAttention { layer, keys: store.keys(), layout: store.layout, window, table });
+        calls.attention.push(RecordedAttention {
+            row,
+            rows: seqs.len(),
+            layer,
+            keys: store.keys(),
+            layout: store.layout,
+            window,
+            table,
+        });
         Ok(calls.tables[table].0.ptr())
     }
 
-    /// Records a delta-net call whose kernels read the rows' state addresses from device memory
-    /// and returns where: `[conv: rows][recurrent: rows]` `u64`s, which replays fill.
-    pub(crate) fn states_at(&self, op: &str, rows: usize) -> Result<u64> {
-        if rows != self.rows() {
-            return Err(err(format!("{op}: {rows} sequences in a step recorded for {}", self.rows())));
-        }
-        let buf = CudaBuffer::new(&self.parent, 16 * rows)?;
+    /// Records a delta-net call of `n` states (a row's each) whose kernels read their addresses
+    /// from device memory and returns where: `[conv: n][recurrent: n]` `u64`s, which replays fill.
+    pub(crate) fn states_at(&self, op: &str, n: usize) -> Result<u64> {
+        self.check_states(op, n)?;
+        let buf = CudaBuffer::new(&self.parent, 16 * n)?;
         let ptr = buf.ptr();
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Filled(buf));
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Filled(buf, n));
         Ok(ptr)
     }
 
-    /// Records a delta-net call whose ops address the rows' states (`(conv, recurrent)`) directly.
+    /// Records a delta-net call whose ops address its states (`(conv, recurrent)`) directly.
     pub(crate) fn fixed_states(&self, op: &str, states: Vec<(u64, u64)>) -> Result<()> {
-        if states.len() != self.rows() {
-            return Err(err(format!("{op}: {} sequences in a step recorded for {}", states.len(), self.rows())));
-        }
+        self.check_states(op, states.len())?;
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Fixed(states));
+        Ok(())
+    }
+
+    /// The error of an op whose calls a replay could not be given in the step's order.
+    pub(crate) fn refuse(&self, op: &str, why: &str) -> vt_core::Error {
+        err(format!("{op}: {why}, which is not recorded in a step recorded at {:?}", self.positions))
+    }
+
+    fn check_states(&self, op: &str, n: usize) -> Result<()> {
+        if n == 0 || n > self.rows() {
+            return Err(err(format!("{op}: {n} sequences in a step recorded for {}", self.rows())));
+        }
         Ok(())
     }
 }

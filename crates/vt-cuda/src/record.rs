@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
-use vt_core::{KvSeq, ReplayInputs, Result, RELEASED};
+use vt_core::{ReplayInputs, Result, RELEASED};
 
 use crate::capture::{RecordedStates, Recording};
 use crate::device::CudaBackend;
@@ -107,10 +107,16 @@ pub(crate) fn replay(
     }
     let width = rec.table_width();
     for (seqs, call) in inp.attention.iter().zip(calls) {
-        if seqs.len() != rows {
-            return Err(err(format!("replay: an attention call of {} sequences in a step of {rows}", seqs.len())));
+        let positions = inp.positions.get(call.row..call.row + call.rows);
+        if seqs.len() != call.rows || positions.is_none() {
+            return Err(err(format!(
+                "replay: an attention call of {} sequences for rows {}..{} of a step of {rows}",
+                seqs.len(),
+                call.row,
+                call.row + call.rows
+            )));
         }
-        for (seq, &pos) in seqs.iter().zip(inp.positions) {
+        for (seq, &pos) in seqs.iter().zip(positions.into_iter().flatten()) {
             if seq.start != pos {
                 return Err(err(format!(
                     "replay at position {pos}: a sequence's layer {} is at {}",
@@ -129,29 +135,39 @@ pub(crate) fn replay(
             }
         }
     }
-    // Each table buffer's first call gives its contents; the others must agree.
-    let mut filled: Vec<Option<&[KvSeq<'_>]>> = vec![None; tables.len()];
-    let same = |a: &[KvSeq<'_>], c: &[KvSeq<'_>]| {
-        a.iter().zip(c).all(|(x, y)| {
-            let used = (x.start + 1).div_ceil(KV_BLOCK);
-            x.table[..used] == y.table[..used]
-        })
-    };
+    // Each table buffer holds, a row each, the longest table its calls read (a verification's
+    // waves read one sequence's table to successive positions); the others must agree with it.
+    let mut filled: Vec<Option<Vec<&[u32]>>> = vec![None; tables.len()];
     for (seqs, call) in inp.attention.iter().zip(calls) {
-        match filled[call.table] {
-            Some(first) if !same(first, seqs) => return Ok(false),
-            Some(_) => {}
-            None => filled[call.table] = Some(seqs),
+        let used = seqs.iter().map(|s| &s.table[..(s.start + 1).div_ceil(KV_BLOCK)]);
+        match &mut filled[call.table] {
+            Some(rows) if rows.len() != seqs.len() => return Ok(false),
+            Some(rows) => {
+                for (have, new) in rows.iter_mut().zip(used) {
+                    let common = have.len().min(new.len());
+                    if have[..common] != new[..common] {
+                        return Ok(false);
+                    }
+                    if new.len() > have.len() {
+                        *have = new;
+                    }
+                }
+            }
+            None => filled[call.table] = Some(used.collect()),
         }
     }
     let mut states = Vec::with_capacity(recorded.delta_net.len());
     for (given, call) in inp.delta_net.iter().zip(&recorded.delta_net) {
-        if given.len() != rows {
-            return Err(err(format!("replay: a delta-net call of {} sequences in a step of {rows}", given.len())));
+        if given.len() != call.len() {
+            return Err(err(format!(
+                "replay: a delta-net call of {} sequences recorded with {}",
+                given.len(),
+                call.len()
+            )));
         }
         let ptrs: Vec<(u64, u64)> = given.iter().map(|(c, r)| (c.buffer().ptr(), r.buffer().ptr())).collect();
         match call {
-            RecordedStates::Filled(buf) => states.push((buf, ptrs)),
+            RecordedStates::Filled(buf, _) => states.push((buf, ptrs)),
             RecordedStates::Fixed(fixed) if *fixed != ptrs => return Ok(false),
             RecordedStates::Fixed(_) => {}
         }
@@ -163,12 +179,11 @@ pub(crate) fn replay(
     host.extend_from_slice(inp.ids);
     b.copy_in(&rec.inputs, &host)?;
     for ((buf, _), seqs) in tables.iter().zip(&filled) {
-        let seqs = seqs.ok_or_else(|| err("replay: a recorded table buffer no call reads"))?;
-        let mut t = Vec::with_capacity(rows * width);
-        for seq in seqs {
-            let used = (seq.start + 1).div_ceil(KV_BLOCK);
-            t.extend_from_slice(&seq.table[..used]);
-            t.extend(std::iter::repeat_n(RELEASED, width - used));
+        let seqs = seqs.as_ref().ok_or_else(|| err("replay: a recorded table buffer no call reads"))?;
+        let mut t = Vec::with_capacity(seqs.len() * width);
+        for used in seqs {
+            t.extend_from_slice(used);
+            t.extend(std::iter::repeat_n(RELEASED, width - used.len()));
         }
         b.copy_in(buf, &t)?;
     }

@@ -12,7 +12,7 @@ use vt_core::backend::prelude::*;
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{KvLayout, KvSeq, ReplayInputs};
 use vt_cuda::CudaBackend;
-use vt_models::{DummyWeights, Logits, Model, SeqState, BATCH_ROWS};
+use vt_models::{DummyWeights, Logits, Model, PoolConfig, SeqState, StepSeq, BATCH_ROWS};
 use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 
 /// Decode steps per fixture: more than a recording's tables have room for (256 positions past the
@@ -105,6 +105,97 @@ fn interleaved_sequences_replay_over_scattered_blocks() {
         );
         if first_diff.is_some() || rs.iter().any(|s| s.recording_error().is_some() || s.recordings() == 0) {
             failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// Verifications (speculative decoding) replay recordings: a sequence verifying alone its own
+/// recording of each shape (1 to 4 positions, with and without the hidden states a drafter
+/// reads), three verifying together the pool's recording for their bucket (a padding row beside
+/// them). Every position's logits and hidden state, and after `settle` (keeping all, some or one
+/// of the positions) the next step's, must be bit for bit what the same steps compute op by op.
+/// Enough steps run that the tables outgrow the first recordings and they record again.
+#[test]
+fn verification_replays_equal_unrecorded_bit_for_bit() {
+    let b = CudaBackend::new().unwrap();
+    let steps = 200;
+    let mut failed = Vec::new();
+    for dir in all_fixtures() {
+        for n in [1, 3] {
+            let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+            let tokens = prompt.len() + 4 * steps + 8;
+            let pool = |m: &Model<CudaBackend>| {
+                let c = m.pool_config(n, tokens, tokens);
+                let spare = m.pool_config(n, 0, tokens).bytes;
+                m.new_pool(&PoolConfig { bytes: c.bytes + spare, snapshots: n, ..c }).unwrap()
+            };
+            let (rp, pp) = (pool(&recorded), pool(&plain));
+            let mut rs: Vec<SeqState<CudaBackend>> = (0..n).map(|_| rp.new_state().unwrap()).collect();
+            let mut ps: Vec<SeqState<CudaBackend>> = (0..n).map(|_| pp.new_state().unwrap()).collect();
+            let mut next = Vec::new();
+            for i in 0..n {
+                let p = &prompt[..prompt.len() - i];
+                let w = b.to_f32(&plain.forward(p, &mut ps[i], Logits::Last).unwrap()).unwrap();
+                recorded.forward(p, &mut rs[i], Logits::Last).unwrap();
+                next.push(argmax(&w) as u32);
+            }
+            let vocab = plain.spec().vocab;
+            let mut first_diff = None;
+            for step in 0..steps {
+                // Each sequence's next token, then drafts (wrong ones too); keep 1 ..= all of the
+                // positions, each sequence its own count.
+                let len = 1 + step % 4;
+                let ids: Vec<Vec<u32>> = (0..n)
+                    .map(|i| {
+                        let drafts = (1..len).map(|j| ((step * 7 + j * 13 + i) % vocab) as u32);
+                        std::iter::once(next[i]).chain(drafts).collect()
+                    })
+                    .collect();
+                let keep: Vec<usize> = (0..n).map(|i| 1 + (step / 4 + i) % len).collect();
+                let hidden = step % 3 != 0;
+                let mut outs = Vec::new();
+                for (m, states) in [(&plain, &mut ps), (&recorded, &mut rs)] {
+                    let mut seqs: Vec<StepSeq<'_, CudaBackend>> = (ids.iter().zip(states.iter_mut()))
+                        .map(|(ids, state)| StepSeq { ids, state, verify: true })
+                        .collect();
+                    let out = m.step(&mut seqs, hidden).unwrap();
+                    drop(seqs);
+                    let logits = b.to_f32(&out.logits).unwrap();
+                    let h = out.hidden.map(|h| b.to_f32(&h).unwrap());
+                    let mut settle: Vec<(&mut SeqState<CudaBackend>, usize)> =
+                        states.iter_mut().zip(&keep).map(|(s, &k)| (s, k)).collect();
+                    m.settle(&mut settle).unwrap();
+                    outs.push((logits, h, out.rows));
+                }
+                if outs[0] != outs[1] && first_diff.is_none() {
+                    first_diff = Some((step, len, max_abs_diff(&outs[0].0, &outs[1].0)));
+                }
+                // The next token: the target's at each sequence's last kept position.
+                for (i, id) in next.iter_mut().enumerate() {
+                    let row = outs[0].2[i].start + keep[i] - 1;
+                    *id = argmax(&outs[0].0[row * vocab..(row + 1) * vocab]) as u32;
+                }
+            }
+            let made = match n {
+                1 => rs[0].recordings(),
+                _ => rp.batch_recordings().0,
+            };
+            let errors: Vec<String> = match n {
+                1 => rs[0].recording_error().map(|e| e.to_string()).into_iter().collect(),
+                _ => rp.batch_recordings().1,
+            };
+            println!(
+                "fixture {name}: {n} sequence(s), {steps} verifications, {made} recordings, errors {errors:?}, first \
+                 difference {first_diff:?}"
+            );
+            // Eight shapes, each recorded again once the tables outgrow it. Fixtures whose
+            // attention runs a call per sequence do not record several sequences, and say so.
+            let refused = n > 1 && !errors.is_empty() && errors.iter().all(|e| e.contains("in a step recorded at"));
+            let same_len = rs.iter().zip(&ps).all(|(r, p)| r.len() == p.len());
+            if first_diff.is_some() || !same_len || !(refused || errors.is_empty() && made >= 9) {
+                failed.push(format!("{name} x{n}"));
+            }
         }
     }
     assert!(failed.is_empty(), "{failed:?}");

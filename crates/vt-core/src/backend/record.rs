@@ -4,18 +4,19 @@
 use super::{KvOps, KvSeq};
 use crate::{Result, Tensor};
 
-/// What a replay of a recorded step of `rows` single-token sequences is given, each list in row
-/// order: what changes from step to step, which the recorded ops read from device memory that
-/// `replay` fills before the launch.
+/// What a replay of a recorded step of `rows` single-token steps is given (a row per decoding
+/// sequence, or per position of a verifying one), each list in row order: what changes from step
+/// to step, which the recorded ops read from device memory that `replay` fills before the launch.
 pub struct ReplayInputs<'a, B: KvOps> {
     /// Each row's token id.
     pub ids: &'a [u32],
     /// Each row's position.
     pub positions: &'a [usize],
-    /// Each attention call of the step, in the order the step makes them: the rows' sequences in
-    /// its pool layer (each at `start == positions[row]`).
+    /// Each attention call of the step, in the order the step makes them: its rows' sequences in
+    /// its pool layer (each at `start == positions[row]`). A call serves consecutive rows: all of
+    /// a decode step's, one wave of a verification's.
     pub attention: Vec<Vec<KvSeq<'a>>>,
-    /// Each delta-net call of the step, in order: the rows' (convolution, recurrent) states.
+    /// Each delta-net call of the step, in order: its rows' (convolution, recurrent) states.
     pub delta_net: Vec<Vec<(&'a Tensor<B>, &'a Tensor<B>)>>,
 }
 
@@ -28,9 +29,10 @@ pub trait StepRecording: KvOps {
         false
     }
     /// A backend that records the ops queued on it, instead of running them, for one step of
-    /// one new token for each of `positions.len()` sequences at those positions: ops read the
-    /// ids, the positions, block tables and delta-net states from device memory that `replay`
-    /// fills, so the recording runs later steps of that shape. Memory it allocates belongs to the
+    /// `positions.len()` rows at those positions, a token each: ops read the ids, the positions,
+    /// block tables and delta-net states from device memory that `replay` fills, so the recording
+    /// runs later steps of that shape. An op over some of the rows names them by their positions,
+    /// which must match one run of consecutive rows. Memory it allocates belongs to the
     /// recording. `None` where this backend does not record.
     fn recorder(&self, positions: &[usize]) -> Result<Option<Self>> {
         let _ = positions;

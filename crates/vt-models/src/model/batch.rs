@@ -61,6 +61,13 @@ pub struct StepSeq<'a, B: Backend> {
     pub verify: bool,
 }
 
+/// A step as it ran: what it gave, and each verifying sequence's rows of it (in the caller's
+/// order; empty for the others), which `settle` reruns from.
+struct Ran<B: Backend> {
+    step: StepOutput<B>,
+    verified: Vec<Vec<usize>>,
+}
+
 /// What `Model::step` computed.
 pub struct StepOutput<B: Backend> {
     /// `[rows, vocab]`: each sequence's logits rows, in the sequences' order.
@@ -130,30 +137,10 @@ impl<B: Backend> Model<B> {
             let end = s.state.pos + s.ids.len();
             s.state.grow(&mut p, end)?;
         }
-        // Plain single-token steps replay a recording where the backend records.
-        // A recording would have to capture the ranks' collectives: split models run unrecorded.
-        if self.record_decode && self.comm.is_none() && !hidden && seqs.iter().all(|s| s.ids.len() == 1 && !s.verify) {
-            let mut plain: Vec<(&[u32], &mut SeqState<B>)> = seqs.iter_mut().map(|s| (s.ids, &mut *s.state)).collect();
-            let logits = match plain.as_mut_slice() {
-                [(&[id], state)] => self.recorded_step(id, state, &mut p)?,
-                _ => self.recorded_batch(&mut plain, &mut p)?,
-            };
-            if let Some(logits) = logits {
-                for (_, state) in plain.iter_mut() {
-                    state.release_outside_windows(&mut p)?;
-                }
-                return Ok(StepOutput { logits, rows: (0..plain.len()).map(|i| i..i + 1).collect(), hidden: None });
-            }
-        }
-        let rows: Vec<Row<'_>> = seqs.iter().map(|s| Row { verify: s.verify, ..Row::of(s.ids, s.state) }).collect();
-        let layout = Layout::of(&rows);
         // A verifying sequence's linear-attention state before the step, for `settle`.
         let snapshots = self.snapshot_verifying(seqs, &mut p)?;
-        let mut saved = Vec::new();
-        let out = self.run_on(&self.backend, &rows, &layout, which, hidden, &mut p, Some(&mut saved));
-        drop(rows);
-        let out = match out {
-            Ok(out) => out,
+        let (out, saved) = match self.run_recorded_or_not(seqs, which, hidden, &mut p) {
+            Ok(ran) => ran,
             Err(e) => {
                 snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
                 return Err(e);
@@ -162,18 +149,60 @@ impl<B: Backend> Model<B> {
         for s in seqs.iter_mut() {
             s.state.pos += s.ids.len();
         }
-        let saved = Arc::new(saved);
-        for (k, &i) in layout.order.iter().enumerate() {
-            let s = &mut seqs[i];
+        for (i, s) in seqs.iter_mut().enumerate() {
             if s.verify {
                 let len = s.ids.len();
-                let (start, rows) = (s.state.pos - len, layout.rows_of(k));
+                let rows = out.verified[i].clone();
+                let start = s.state.pos - len;
                 s.state.unsettled = Some(Unsettled { start, len, snapshot: snapshots[i], rows, saved: saved.clone() });
             } else {
                 s.state.release_outside_windows(&mut p)?;
             }
         }
-        Ok(out)
+        Ok(out.step)
+    }
+
+    /// The step of `seqs` (their blocks taken): a replay of a recording where the backend
+    /// records and the step is a decode step of one token a sequence, or one sequence's step
+    /// (a decode token or a verification, with or without the hidden states), else op by op.
+    /// Returns what it gave, with each verifying sequence's rows of the step (in the caller's
+    /// order), and the delta-net inputs a verification keeps.
+    fn run_recorded_or_not(
+        &self,
+        seqs: &mut [StepSeq<'_, B>],
+        which: Logits,
+        hidden: bool,
+        p: &mut PoolInner<B>,
+    ) -> Result<(Ran<B>, Arc<Saved<B>>)> {
+        // A recording would have to capture the ranks' collectives: split models run unrecorded.
+        // (Single-token and verifying rows give the same logits rows whatever `which` asks.)
+        let records = self.record_decode && self.comm.is_none();
+        if records && seqs.len() >= 2 {
+            if let Some((step, verified, saved)) = self.recorded_batch(seqs, hidden, p)? {
+                return Ok((Ran { step, verified }, saved));
+            }
+        }
+        // One sequence's decode token or verification (not a prompt chunk).
+        if let (true, [s]) = (records, &mut *seqs) {
+            if s.verify || s.ids.len() == 1 {
+                if let Some((step, saved)) = self.recorded_step(s, hidden, p)? {
+                    // A single sequence's rows are the step's, in position order.
+                    let verified = vec![if s.verify { (0..s.ids.len()).collect() } else { Vec::new() }];
+                    return Ok((Ran { step, verified }, saved));
+                }
+            }
+        }
+        let rows: Vec<Row<'_>> = seqs.iter().map(|s| Row { verify: s.verify, ..Row::of(s.ids, s.state) }).collect();
+        let layout = Layout::of(&rows);
+        let mut saved = Vec::new();
+        let step = self.run_on(&self.backend, &rows, &layout, which, hidden, p, Some(&mut saved))?;
+        let mut verified = vec![Vec::new(); seqs.len()];
+        for (k, &i) in layout.order.iter().enumerate() {
+            if seqs[i].verify {
+                verified[i] = layout.rows_of(k);
+            }
+        }
+        Ok((Ran { step, verified }, Arc::new(saved)))
     }
 
     /// Copies the linear-attention state of each verifying sequence into a spare slot of the
@@ -218,12 +247,7 @@ impl<B: Backend> Model<B> {
         let vt_core::Weight::Dense(table) = &self.embed.weight else {
             return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
         };
-        let mut all_ids = vec![0; layout.rows];
-        for (k, &i) in layout.order.iter().enumerate() {
-            for (r, &id) in layout.rows_of(k).into_iter().zip(rows[i].ids) {
-                all_ids[r] = id;
-            }
-        }
+        let all_ids = layout.ids(rows);
         let (eps, kind) = (self.spec.eps, self.spec.norm);
         let mut x = b.embedding(table, &all_ids)?;
         // `h` is always the norm of `x` that comes next: each residual update and the following

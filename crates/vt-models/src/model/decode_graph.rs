@@ -4,29 +4,45 @@
 //! step of the same rows computes: the same kernels over the same memory, with the token ids, the
 //! positions, the block tables and the delta-net states' addresses read from device memory.
 //!
-//! A sequence decoding alone replays its own recording (kept in its state). Steps of several
-//! single-token sequences replay the pool's recording for the smallest bucket of `BATCH_ROWS` that
-//! holds them; rows past the sequences are padding, each over a block of each group and a
+//! A sequence stepping alone replays its own recording of the step's shape (kept in its state): a
+//! decode step, or a verification of k drafts (its k + 1 positions as consecutive single-token
+//! rows), with or without the hidden states a drafter reads. Steps of several single-token
+//! sequences replay the pool's recording for the smallest bucket of `BATCH_ROWS` that holds them; rows past the sequences are padding, each over a block of each group and a
 //! delta-net slot the pool keeps for it (at most 7: the buckets are 8 apart from 8 on), and their
 //! logits are dropped.
 
+use std::sync::Arc;
+
 use vt_core::{Backend, Error, KvSeq, ReplayInputs, Result, Tensor};
 
-use super::batch::Row;
+use super::batch::{Row, StepOutput, StepSeq};
 use super::layout::Layout;
 use super::pool::{GdnSlot, LayerSlot, Padding, PoolInner};
 use super::state::{Recorded, SeqState};
+use super::verify::Saved;
 use super::{Logits, Model};
 
 /// Rows of the pool's batched recordings: a step of n sequences replays the first bucket >= n.
 pub const BATCH_ROWS: [usize; 18] = [2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128];
 
 /// A recorded step, the model it runs (its weights are in the recording), and where its replays
-/// leave the logits (the recording's memory).
+/// leave what it gives (the recording's memory): the logits, the hidden states where it gives
+/// them, and a verification's delta-net inputs (what `Model::settle` reruns).
 pub(super) struct RecordedStep<B: Backend> {
     model: u64,
     graph: B::StepGraph,
     logits: Tensor<B>,
+    hidden: Option<Tensor<B>>,
+    saved: Arc<Saved<B>>,
+}
+
+/// What a sequence's own recorded step runs: its tokens (1, or a verification's positions), and
+/// whether it gives the hidden states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StepShape {
+    tokens: usize,
+    verify: bool,
+    hidden: bool,
 }
 
 /// One of a pool's batched recordings (`PoolInner::batch_steps`, with its rows).
@@ -46,60 +62,76 @@ impl<B: Backend> Model<B> {
         self.record_decode = on;
     }
 
-    /// The step of `id` as the sequence's recorded step: replayed, recorded first if it has none.
-    /// `None`: nothing ran and `state` is as it was; run the step unrecorded. `p` is the
-    /// sequence's pool, whose blocks cover the step's position.
+    /// The step of one sequence (a decode token, or a verification) as a replay of its own
+    /// recording of that shape, recorded first if it has none; returns what the step gives and a
+    /// verification's delta-net inputs. `None`: nothing ran and the state is as it was; run the
+    /// step unrecorded. `p` is the sequence's pool, whose blocks cover the step's positions. The
+    /// state's position is the caller's to advance.
     pub(super) fn recorded_step(
         &self,
-        id: u32,
-        state: &mut SeqState<B>,
+        s: &mut StepSeq<'_, B>,
+        hidden: bool,
         p: &mut PoolInner<B>,
-    ) -> Result<Option<Tensor<B>>> {
-        // Another model's recording runs that model's weights: this one records its own.
-        if matches!(&state.recorded, Recorded::Step(s) if s.model != self.id) {
-            state.recorded = Recorded::None;
-        }
-        let ids = [id];
-        if matches!(state.recorded, Recorded::None) {
-            match self.record(&[Row::of(&ids, state)], p) {
-                Ok(Some(step)) => {
-                    state.recorded = Recorded::Step(step);
-                    state.recordings += 1;
-                }
-                Ok(None) => return Ok(None),
-                Err(e) => {
-                    state.recorded = Recorded::Failed(e);
-                    return Ok(None);
-                }
+    ) -> Result<Option<(StepOutput<B>, Arc<Saved<B>>)>> {
+        let shape = StepShape { tokens: s.ids.len(), verify: s.verify, hidden };
+        let SeqState { pos, tables, slot, recorded, recordings, .. } = &mut *s.state;
+        let row = [Row { ids: s.ids, pos: *pos, tables, slot: *slot, verify: s.verify }];
+        // Another model's recordings run that model's weights: this one records its own.
+        recorded.retain(|(_, r)| !matches!(r, Recorded::Step(step) if step.model != self.id));
+        let at = match recorded.iter().position(|(sh, _)| *sh == shape) {
+            Some(at) => at,
+            None => {
+                let made = match self.record(&row, hidden, p) {
+                    Ok(Some(step)) => Recorded::Step(step),
+                    Ok(None) => return Ok(None),
+                    Err(e) => Recorded::Failed(e),
+                };
+                *recordings += usize::from(matches!(made, Recorded::Step(_)));
+                recorded.push((shape, made));
+                recorded.len() - 1
             }
-        }
-        let Recorded::Step(step) = &mut state.recorded else { return Ok(None) };
-        let rows = [Row { ids: &ids, pos: state.pos, tables: &state.tables, slot: state.slot, verify: false }];
-        if !self.replay(step, &rows, p)? {
+        };
+        let Recorded::Step(step) = &mut recorded[at].1 else { return Ok(None) };
+        if !self.replay(step, &row, p)? {
             // The tables moved on from the recording: this step runs unrecorded, the next records
             // again.
-            state.recorded = Recorded::None;
+            recorded.swap_remove(at);
             return Ok(None);
         }
-        state.pos += 1;
-        // A copy: the next replay overwrites the recording's logits.
-        self.backend.slice_rows(&step.logits, 0, 1).map(Some)
+        // Copies: the next replay overwrites the recording's outputs. The delta-net inputs are
+        // read by `settle`, before this sequence steps again.
+        let b = &self.backend;
+        let out_rows = if s.verify { s.ids.len() } else { 1 };
+        let logits = b.slice_rows(&step.logits, 0, out_rows)?;
+        let hidden = step.hidden.as_ref().map(|h| b.slice_rows(h, 0, s.ids.len())).transpose()?;
+        Ok(Some((StepOutput { logits, rows: vec![0..out_rows], hidden }, step.saved.clone())))
     }
 
-    /// A step of one token of each of `seqs` (two or more) as a replay of the pool's recording
-    /// for their bucket, recorded first where it has none or it no longer fits. `None`: nothing
-    /// ran; run the step unrecorded.
+    /// A step of two or more sequences of one shape (a token each, or verifications of as many
+    /// positions each) as a replay of the pool's recording for their bucket, recorded first where
+    /// it has none or it no longer fits; returns what the step gives (each sequence's rows, in
+    /// its order), each verifying sequence's rows of the step and a verification's delta-net
+    /// inputs. `None`: nothing ran; run the step unrecorded. Positions are the caller's to
+    /// advance.
     pub(super) fn recorded_batch(
         &self,
-        seqs: &mut [(&[u32], &mut SeqState<B>)],
+        seqs: &mut [StepSeq<'_, B>],
+        hidden: bool,
         p: &mut PoolInner<B>,
-    ) -> Result<Option<Tensor<B>>> {
+    ) -> Result<Option<(StepOutput<B>, Vec<Vec<usize>>, Arc<Saved<B>>)>> {
         let n = seqs.len();
+        let Some(first) = seqs.first() else { return Ok(None) };
+        let shape = StepShape { tokens: first.ids.len(), verify: first.verify, hidden };
+        let same = seqs.iter().all(|s| s.ids.len() == shape.tokens && s.verify == shape.verify);
         let Some(&rows) = BATCH_ROWS.iter().find(|&&r| r >= n) else { return Ok(None) };
-        if !self.backend.records() {
+        // Decode tokens or verifications (not prompt chunks); padding rows run their positions
+        // from 0 in one block.
+        let single = shape.verify || shape.tokens == 1;
+        if !same || !single || !self.backend.records() || shape.tokens > p.layout.block {
             return Ok(None);
         }
-        let old = match p.batch_steps.iter().position(|(r, _)| *r == rows) {
+        let key = (rows, shape);
+        let old = match p.batch_steps.iter().position(|(k, _)| *k == key) {
             Some(i) => match &p.batch_steps[i].1 {
                 BatchStep::Failed { model, .. } if *model == self.id => return Ok(None),
                 _ => Some(p.batch_steps.swap_remove(i).1),
@@ -113,14 +145,14 @@ impl<B: Backend> Model<B> {
             }
         }
         let pad = p.padding[..rows - n].to_vec();
-        let zero = [0u32];
-        let mut all: Vec<Row<'_>> = seqs.iter().map(|(ids, s)| Row::of(ids, s)).collect();
+        let zeros = vec![0u32; shape.tokens];
+        let mut all: Vec<Row<'_>> = seqs.iter().map(|s| Row { verify: s.verify, ..Row::of(s.ids, s.state) }).collect();
         all.extend(pad.iter().map(|pad| Row {
-            ids: &zero,
+            ids: &zeros,
             pos: 0,
             tables: &pad.tables,
             slot: pad.slot,
-            verify: false,
+            verify: shape.verify,
         }));
         let replayed = match old {
             Some(BatchStep::Step(mut step)) if step.model == self.id => {
@@ -130,7 +162,7 @@ impl<B: Backend> Model<B> {
         };
         let step = match replayed {
             Some(step) => step,
-            None => match self.record(&all, p) {
+            None => match self.record(&all, hidden, p) {
                 Ok(Some(mut step)) => {
                     if !self.replay(&mut step, &all, p)? {
                         return Ok(None);
@@ -140,75 +172,89 @@ impl<B: Backend> Model<B> {
                 }
                 Ok(None) => return Ok(None),
                 Err(error) => {
-                    p.batch_steps.push((rows, BatchStep::Failed { model: self.id, error }));
+                    p.batch_steps.push((key, BatchStep::Failed { model: self.id, error }));
                     return Ok(None);
                 }
             },
         };
+        // Equal lengths keep the caller's order: sequence i's rows are the layout's i-th, and
+        // its logits and hidden rows the i-th `out` rows of the step's.
+        let layout = Layout::of(&all);
         drop(all);
-        let logits = self.backend.slice_rows(&step.logits, 0, n);
-        p.batch_steps.push((rows, BatchStep::Step(step)));
-        for (_, state) in seqs.iter_mut() {
-            state.pos += 1;
-        }
-        logits.map(Some)
+        let out = if shape.verify { shape.tokens } else { 1 };
+        let b = &self.backend;
+        let logits = b.slice_rows(&step.logits, 0, n * out)?;
+        let hidden = step.hidden.as_ref().map(|h| b.slice_rows(h, 0, n * shape.tokens)).transpose()?;
+        let verified = (0..n).map(|k| if shape.verify { layout.rows_of(k) } else { Vec::new() }).collect();
+        let saved = step.saved.clone();
+        p.batch_steps.push((key, BatchStep::Step(step)));
+        let ranges = (0..n).map(|i| i * out..(i + 1) * out).collect();
+        Ok(Some((StepOutput { logits, rows: ranges, hidden }, verified, saved)))
     }
 
-    /// What a replay of `rows` over `p` is given: their ids, positions, and, per layer in step
-    /// order, their tables in its pool layer or their delta-net states.
+    /// What a replay of `rows` (laid out as `layout`) over `p` is given: their ids and positions
+    /// in row order, and, per layer in step order, the tables in its pool layer or the delta-net
+    /// states of each wave's sequences (the calls `run_on` makes: one per wave, all of a decode
+    /// step's rows in one).
     fn replay_inputs<'a>(
         &self,
         rows: &'a [Row<'a>],
+        layout: &Layout,
         ids: &'a [u32],
         positions: &'a [usize],
         slots: &'a [Vec<GdnSlot<B>>],
     ) -> Result<ReplayInputs<'a, B>> {
         let mut inputs = ReplayInputs { ids, positions, attention: Vec::new(), delta_net: Vec::new() };
+        let seqs = |w: &super::layout::Wave| layout.order[..w.seqs].iter().map(|&i| &rows[i]);
         for l in &self.state_layout.layers {
-            match *l {
-                LayerSlot::Kv { group, pool_layer } => inputs.attention.push(
-                    rows.iter()
-                        .map(|r| KvSeq { layer: pool_layer, table: r.tables[group].as_slice(), start: r.pos })
-                        .collect(),
-                ),
-                LayerSlot::Gdn(g) => inputs.delta_net.push(
-                    rows.iter()
-                        .map(|r| {
-                            let s = r
-                                .slot
-                                .and_then(|s| slots[g].get(s))
-                                .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
-                            Ok((&s.conv, &s.recurrent))
-                        })
-                        .collect::<Result<Vec<_>>>()?,
-                ),
+            for (j, w) in layout.waves.iter().enumerate() {
+                match *l {
+                    LayerSlot::Kv { group, pool_layer } => inputs.attention.push(
+                        seqs(w)
+                            .map(|r| KvSeq { layer: pool_layer, table: r.tables[group].as_slice(), start: r.pos + j })
+                            .collect(),
+                    ),
+                    LayerSlot::Gdn(g) => inputs.delta_net.push(
+                        seqs(w)
+                            .map(|r| {
+                                let s = r
+                                    .slot
+                                    .and_then(|s| slots[g].get(s))
+                                    .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
+                                Ok((&s.conv, &s.recurrent))
+                            })
+                            .collect::<Result<Vec<_>>>()?,
+                    ),
+                }
             }
         }
         Ok(inputs)
     }
 
-    /// Queues `step` over `rows` (one token each) in `p`; `false` where it no longer fits them.
+    /// Queues `step` over `rows` (single-token steps: no prompt chunks) in `p`; `false` where it
+    /// no longer fits them.
     fn replay(&self, step: &mut RecordedStep<B>, rows: &[Row<'_>], p: &mut PoolInner<B>) -> Result<bool> {
-        let ids: Vec<u32> = rows.iter().map(|r| r.ids[0]).collect();
-        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+        let layout = Layout::of(rows);
+        let (ids, positions) = (layout.ids(rows), layout.positions());
         let PoolInner { kv, slots, .. } = p;
-        let inputs = self.replay_inputs(rows, &ids, &positions, slots)?;
+        let inputs = self.replay_inputs(rows, &layout, &ids, &positions, slots)?;
         self.backend.replay(&mut step.graph, kv, &inputs)
     }
 
-    /// Records the step of `rows` (one token each) over `p`; `None` where the backend does not
-    /// record. The recording has not run: nothing changed (the tables already cover the step:
-    /// each replay takes the tables of its own step).
-    fn record(&self, rows: &[Row<'_>], p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
+    /// Records the step of `rows` (single-token steps: no prompt chunks) over `p`, giving the
+    /// hidden states where asked; `None` where the backend does not record. The recording has
+    /// not run: nothing changed (the tables already cover the step: each replay takes the tables
+    /// of its own step).
+    fn record(&self, rows: &[Row<'_>], hidden: bool, p: &mut PoolInner<B>) -> Result<Option<RecordedStep<B>>> {
         let b = &self.backend;
         // The weights' derived state is built outside the recording (a recorder cannot build it).
         self.prepare()?;
-        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
-        let Some(recorder) = b.recorder(&positions)? else { return Ok(None) };
         let layout = Layout::of(rows);
-        let logits = self.run_on(&recorder, rows, &layout, Logits::Last, false, p, None)?.logits;
+        let Some(recorder) = b.recorder(&layout.positions())? else { return Ok(None) };
+        let mut saved = Vec::new();
+        let out = self.run_on(&recorder, rows, &layout, Logits::Last, hidden, p, Some(&mut saved))?;
         let graph = b.finish_recording(recorder)?;
-        Ok(Some(RecordedStep { model: self.id, graph, logits }))
+        Ok(Some(RecordedStep { model: self.id, graph, logits: out.logits, hidden: out.hidden, saved: Arc::new(saved) }))
     }
 
     /// A padding row for the pool's recorded steps: a block of each group (at position 0) and a

@@ -83,6 +83,29 @@ impl Layout {
         self.waves.len() == 1 && self.spans.is_empty()
     }
 
+    /// The token of each row: `rows[i]`'s tokens on the rows of the sequence it is in `order`.
+    pub(super) fn ids(&self, rows: &[super::batch::Row<'_>]) -> Vec<u32> {
+        let mut ids = vec![0; self.rows];
+        for (k, &i) in self.order.iter().enumerate() {
+            for (r, &id) in self.rows_of(k).into_iter().zip(rows[i].ids) {
+                ids[r] = id;
+            }
+        }
+        ids
+    }
+
+    /// The position of each row.
+    pub(super) fn positions(&self) -> Vec<usize> {
+        let mut positions = Vec::with_capacity(self.rows);
+        for (j, w) in self.waves.iter().enumerate() {
+            positions.extend(self.starts[..w.seqs].iter().map(|&s| s + j));
+        }
+        for sp in &self.spans {
+            positions.extend(sp.start..sp.start + sp.len);
+        }
+        positions
+    }
+
     /// The rows of the sequence at `k` of `order`, in position order.
     pub(super) fn rows_of(&self, k: usize) -> Vec<usize> {
         if k < self.stepwise() {

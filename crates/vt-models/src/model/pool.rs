@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vt_core::blocks::BlockAllocator;
 use vt_core::{Backend, DType, Error, KvLayout, Result, Tensor};
 
-use super::decode_graph::BatchStep;
+use super::decode_graph::{BatchStep, StepShape};
 use super::layer::{Layer, Mixer};
 use super::Model;
 
@@ -205,8 +205,8 @@ pub(super) struct PoolInner<B: Backend> {
     pub(super) slots: Vec<Vec<GdnSlot<B>>>,
     free_slots: BTreeSet<usize>,
     slots_total: usize,
-    /// Recorded steps of several sequences, with their rows (decode_graph.rs).
-    pub(super) batch_steps: Vec<(usize, BatchStep<B>)>,
+    /// Recorded steps of several sequences, with their rows and shape (decode_graph.rs).
+    pub(super) batch_steps: Vec<((usize, StepShape), BatchStep<B>)>,
     /// Recorded steps of several sequences made so far.
     pub(super) batch_recordings: usize,
     /// Where a recorded step's padding rows write, one each, taken as padded steps first need
@@ -266,7 +266,7 @@ impl<B: Backend> StatePool<B> {
     /// Recorded steps of several sequences made so far, and why any failed to record.
     pub fn batch_recordings(&self) -> (usize, Vec<String>) {
         let p = lock(&self.shared);
-        let failed = p.batch_steps.iter().filter_map(|(rows, s)| match s {
+        let failed = p.batch_steps.iter().filter_map(|((rows, _), s)| match s {
             BatchStep::Failed { error, .. } => Some(format!("{rows} rows: {error}")),
             BatchStep::Step(_) => None,
         });

@@ -1,10 +1,10 @@
 //! A sequence's state: its block tables in its pool (pool.rs), its delta-net slot, its length and
-//! its recorded decode step. The state owns its blocks and slot: resetting or dropping it gives
+//! its recorded steps. The state owns its blocks and slot: resetting or dropping it gives
 //! them back to the pool.
 
 use vt_core::{Backend, Error, Result, RELEASED};
 
-use super::decode_graph::RecordedStep;
+use super::decode_graph::{RecordedStep, StepShape};
 use super::pool::{lock, PoolInner, Shared};
 use super::verify::Unsettled;
 use super::Model;
@@ -21,7 +21,8 @@ pub struct SeqState<B: Backend> {
     pub(super) slot: Option<usize>,
     /// Positions per block.
     block: usize,
-    pub(super) recorded: Recorded<B>,
+    /// Its own recorded steps, one per shape it has stepped alone in (decode_graph.rs).
+    pub(super) recorded: Vec<(StepShape, Recorded<B>)>,
     pub(super) recordings: usize,
     /// A verification step's positions, until `Model::settle` keeps some (verify.rs).
     pub(super) unsettled: Option<Unsettled<B>>,
@@ -29,12 +30,10 @@ pub struct SeqState<B: Backend> {
     pub(super) peers: Vec<SeqState<B>>,
 }
 
-/// A sequence's recorded decode step (decode_graph.rs).
+/// A sequence's recorded step of one shape (decode_graph.rs).
 pub(super) enum Recorded<B: Backend> {
-    /// Not recorded yet (or its recording no longer fits the tables).
-    None,
     Step(RecordedStep<B>),
-    /// Recording failed; this sequence decodes unrecorded.
+    /// Recording failed; this sequence runs steps of this shape unrecorded.
     Failed(Error),
 }
 
@@ -66,7 +65,7 @@ impl<B: Backend> SeqState<B> {
             tables,
             slot,
             block,
-            recorded: Recorded::None,
+            recorded: Vec::new(),
             recordings: 0,
             unsettled: None,
             peers: Vec::new(),
@@ -94,17 +93,17 @@ impl<B: Backend> SeqState<B> {
         self.mtp_pos = self.mtp_pos.min(positions);
     }
 
-    /// Decode steps recorded for this sequence so far (each replayed until its tables change).
+    /// Steps recorded for this sequence so far (each replayed until its tables change).
     pub fn recordings(&self) -> usize {
         self.recordings
     }
 
-    /// Why recording this sequence's decode step failed, if it did.
+    /// Why recording one of this sequence's steps failed, if one did.
     pub fn recording_error(&self) -> Option<&Error> {
-        match &self.recorded {
+        self.recorded.iter().find_map(|(_, r)| match r {
             Recorded::Failed(e) => Some(e),
-            _ => None,
-        }
+            Recorded::Step(_) => None,
+        })
     }
 
     /// Blocks of each group this sequence takes to run `tokens` more positions.
@@ -220,7 +219,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Empties `state` (a state of this model's layout) for a new sequence: it gives back its
-    /// blocks, zeroes its delta-net states and keeps its slot and its recorded decode step, so the
+    /// blocks, zeroes its delta-net states and keeps its slot and its recorded steps, so the
     /// sequence that reuses it records nothing while its tables allow. A recording that had failed
     /// is tried again.
     pub fn reset_state(&self, state: &mut SeqState<B>) -> Result<()> {
@@ -236,9 +235,7 @@ impl<B: Backend> Model<B> {
         drop(p);
         state.pos = 0;
         state.mtp_pos = 0;
-        if matches!(state.recorded, Recorded::Failed(_)) {
-            state.recorded = Recorded::None;
-        }
+        state.recorded.retain(|(_, r)| matches!(r, Recorded::Step(_)));
         if state.peers.len() != self.peers.len() {
             return Err(Error::input("reset_state: the state was made by a model split over other ranks"));
         }
