@@ -48,3 +48,22 @@ extern "C" __global__ void narrow_cols(bf16* out, const bf16* x, long long rows,
     long long r = i / len;
     out[i] = x[r * width + start + (int)(i % len)];
 }
+
+// Copies n blocks of memory, `table` holding (dst, src, bytes) for each (unsigned long long
+// triples): blockIdx.y picks the pair, the x blocks stride over it in 16-byte words, block 0
+// copies a tail that is not a whole word. Every address is 16-byte aligned (the allocator's 256).
+extern "C" __global__ void copy_pairs(const unsigned long long* table) {
+    const unsigned long long* p = table + 3 * (size_t)blockIdx.y;
+    uint4* dst = (uint4*)p[0];
+    const uint4* src = (const uint4*)p[1];
+    unsigned long long bytes = p[2], words = bytes / 16;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+    if (blockIdx.x == 0) {
+        for (unsigned long long i = words * 16 + threadIdx.x; i < bytes; i += blockDim.x) {
+            ((char*)dst)[i] = ((const char*)src)[i];
+        }
+    }
+}

@@ -235,10 +235,12 @@ extern "C" __global__ void gemv_bf16_mma2(GemvParts p, const bf16* x, int t) { g
 extern "C" __global__ void gemv_bf16_mma1_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<1, 2>(p, x, t); }
 extern "C" __global__ void gemv_bf16_mma2_t16(GemvParts p, const bf16* x, int t) { gemv_mma_parts<2, 2>(p, x, t); }
 
-// Up to GEMV_MAX_T tokens; the _t1 kernel takes one token with a single accumulator per row: 60
-// registers a thread instead of 84, so more blocks, and more loads, are resident per SM at batch 1.
+// Up to GEMV_MAX_T tokens; the _t1 and _t2 kernels take one and two tokens with as many
+// accumulators per row (_t1: 60 registers a thread instead of 84), so more blocks, and more loads,
+// are resident per SM at batch 1 and in a verification of one draft.
 extern "C" __global__ void gemv_bf16(GemvParts p, const bf16* x, int t) { gemv_parts<GEMV_MAX_T>(p, x, t); }
 extern "C" __global__ void gemv_bf16_t1(GemvParts p, const bf16* x, int t) { gemv_parts<1>(p, x, t); }
+extern "C" __global__ void gemv_bf16_t2(GemvParts p, const bf16* x, int t) { gemv_parts<2>(p, x, t); }
 
 // ---------------------------------------------------------------------------------------------
 // NVFP4 linear layers for 1..GEMV_MMA_MAX_T tokens on tensor cores. On CUDA cores each code cost a

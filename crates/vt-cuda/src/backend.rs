@@ -90,6 +90,10 @@ impl Device for CudaBackend {
             .map_err(|e| driver_err("copy_into", e))
     }
 
+    fn copy_many(&self, pairs: &mut [(&Tensor<Self>, &mut Tensor<Self>)]) -> Result<()> {
+        crate::ops::elementwise::copy_many(self, pairs)
+    }
+
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>> {
         args::to_f32(self, t)?;
         let mut bytes = vec![0u8; t.dtype().bytes_for(t.numel()).unwrap_or(0)];

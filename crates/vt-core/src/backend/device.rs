@@ -61,6 +61,12 @@ pub trait Device: Clone + Send + Sync + Sized + 'static {
     /// linear-attention state taken into, or restored from, storage that a recorded step may
     /// have baked in.
     fn copy_into(&self, src: &Tensor<Self>, dst: &mut Tensor<Self>) -> Result<()>;
+    /// `copy_into` for each `(src, dst)` pair: the linear-attention states of many sequences
+    /// (every layer's) snapshot or restored at once. A backend may copy them all in one launch;
+    /// the default copies pair by pair.
+    fn copy_many(&self, pairs: &mut [(&Tensor<Self>, &mut Tensor<Self>)]) -> Result<()> {
+        pairs.iter_mut().try_for_each(|(src, dst)| self.copy_into(src, dst))
+    }
     fn to_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
     /// `argmax` of each row of `x` (greedy decoding's token per row), and whether the row is
     /// all finite: a read-back, like `to_f32`, of only what the host needs. `allowed`: a grammar's

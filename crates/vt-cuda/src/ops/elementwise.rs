@@ -7,7 +7,7 @@ use vt_core::{DType, GateAct, Result};
 
 use super::with_last;
 use crate::device::{CudaBackend, CudaTensor};
-use crate::error::driver_err;
+use crate::error::{check as ensure, driver_err};
 use crate::launch::{act, grid1, i32_of, launched, Overlapped};
 use crate::weight::float_code;
 
@@ -89,6 +89,32 @@ pub(crate) fn narrow_cols(b: &CudaBackend, x: &CudaTensor, start: usize, len: us
     // The kernel starts with grid_dep_begin.
     unsafe { l.launch(grid1(x.rows() * len), "narrow_cols")? };
     Ok(out)
+}
+
+/// `copy_into` for many pairs in one launch of `copy_pairs` (65535 pairs a launch).
+pub(crate) fn copy_many(b: &CudaBackend, pairs: &mut [(&CudaTensor, &mut CudaTensor)]) -> Result<()> {
+    ensure(b.recording().is_none(), "copy_many", || "a recorder does not copy states".into())?;
+    let mut table = Vec::with_capacity(3 * pairs.len());
+    for (src, dst) in pairs.iter() {
+        check::copy_into(b, src, dst)?;
+        let bytes = src.dtype().bytes_for(src.numel()).unwrap_or(0) as u64;
+        table.extend([dst.buffer().ptr(), src.buffer().ptr(), bytes]);
+    }
+    for chunk in table.chunks(3 * u16::MAX as usize) {
+        let pairs = chunk.len() / 3;
+        let dev = b.upload_slice(chunk)?;
+        let pt = dev.ptr();
+        let mut l = b.stream().launch_builder(&b.k().copy_pairs);
+        l.arg(&pt);
+        let cfg = LaunchConfig { grid_dim: (16, pairs as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: copy_pairs(const u64* table): `pairs` (dst, src, bytes) triples, each dst and
+        // src a distinct tensor of `bytes` (same dtype and shape, checked), every dst held
+        // `&mut` (so no two alias and none is a source); the allocator aligns them to 256 bytes;
+        // the table lives until the kernel has read it (freed in stream order).
+        launched(unsafe { l.launch(cfg) }, "copy_many")?;
+        drop(dev);
+    }
+    Ok(())
 }
 
 pub(crate) fn slice_rows(b: &CudaBackend, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {

@@ -206,25 +206,26 @@ impl<B: Backend> Model<B> {
     }
 
     /// Copies the linear-attention state of each verifying sequence into a spare slot of the
-    /// pool (`None` for the others, and where the model has no such layers).
+    /// pool, all in one `copy_slots` (`None` for the others, and where the model has no such
+    /// layers).
     fn snapshot_verifying(&self, seqs: &[StepSeq<'_, B>], p: &mut PoolInner<B>) -> Result<Vec<Option<usize>>> {
         let mut snapshots = vec![None; seqs.len()];
+        let mut pairs = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             let Some(own) = s.state.slot.filter(|_| s.verify) else { continue };
-            let copied = match p.take_slot() {
-                Some(spare) => p.copy_slot(own, spare).map(|()| spare).inspect_err(|_| p.give_slot(spare)),
-                None => Err(Error::input(
+            let Some(spare) = p.take_slot() else {
+                snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+                return Err(Error::input(
                     "no spare linear-attention slot for a verifying sequence's snapshot: the pool needs one per \
                      verifying sequence (PoolConfig::snapshots)",
-                )),
+                ));
             };
-            match copied {
-                Ok(spare) => snapshots[i] = Some(spare),
-                Err(e) => {
-                    snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
-                    return Err(e);
-                }
-            }
+            snapshots[i] = Some(spare);
+            pairs.push((own, spare));
+        }
+        if let Err(e) = p.copy_slots(&pairs) {
+            snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+            return Err(e);
         }
         Ok(snapshots)
     }

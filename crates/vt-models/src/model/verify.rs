@@ -91,11 +91,13 @@ impl<B: Backend> Model<B> {
     ) -> Result<()> {
         let redo: Vec<usize> = (0..units.len()).filter(|&i| units[i].1 < units[i].0.len).collect();
         let mut own = Vec::with_capacity(redo.len());
+        let mut restore = Vec::with_capacity(redo.len());
         for &i in &redo {
             let (Some(snap), Some(slot)) = (units[i].0.snapshot, seqs[i].0.slot) else { continue };
-            p.copy_slot(snap, slot)?;
+            restore.push((snap, slot));
             own.push((i, slot));
         }
+        p.copy_slots(&restore)?;
         let b = &self.backend;
         let mut done = vec![false; own.len()];
         while let Some(first) = done.iter().position(|d| !d) {

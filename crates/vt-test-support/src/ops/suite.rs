@@ -252,6 +252,19 @@ pub fn elementwise_and_norm_ops<G: Backend>(dev: &OnDevice<G>) {
         b.copy_into(&small(b, &w[..3]), &mut dst).unwrap();
         out(b, &dst)
     });
+    // Many pairs at once (a step's snapshots): activations, f32 states, a tail of 6 bytes.
+    on_both!(dev, "copy_many", 0.0, |b| {
+        let (p, q, r) =
+            (act(b, &[t, d], &x), b.upload(DType::F32, &[4, d], bytemuck_f32(&y[..4 * d])).unwrap(), small(b, &w[..3]));
+        let mut dsts = [
+            b.zeros(&[t, d]).unwrap(),
+            b.zeros_f32(&[4, d]).unwrap(),
+            b.upload(DType::BF16, &[3], &bf16_bytes(&[0.0; 3])).unwrap(),
+        ];
+        let [dp, dq, dr] = &mut dsts;
+        b.copy_many(&mut [(&p, dp), (&q, dq), (&r, dr)]).unwrap();
+        dsts.iter().flat_map(|t| out(b, t)).collect()
+    });
     // Partial rotary (rotary dim 12 of head dim 16) with YaRN-style scaling, from position 1000.
     let rope = Rope { inv_freq: (0..6).map(|i| 10000f32.powf(-(i as f32) / 6.0)).collect(), attention_scaling: 1.15 };
     on_both!(dev, "rope", dev.u, |b| { out(b, &b.rope(&act(b, &[t, 10, 16], &x), 1000, &rope).unwrap()) });

@@ -37,7 +37,7 @@ struct GemvParts {
 // 3 x 4 ints, 4 ints: 224 bytes, 8-byte aligned, no implicit padding).
 unsafe impl DeviceRepr for GemvParts {}
 
-/// Rows of a launch from which one token still takes the t <= 8 kernels: the single-token ones'
+/// Rows of a launch from which one or two tokens still take the t <= 8 kernels: the lighter ones'
 /// extra resident blocks pay on layers of thousands of rows, but slow a lm_head of hundreds of
 /// thousands (docs/performance.md).
 const T1_MAX_ROWS: usize = 1 << 16;
@@ -59,15 +59,15 @@ struct Tiling<'a> {
 }
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
-/// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one token has its own,
-/// lighter kernel (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole 32-input chunks
+/// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one and two tokens have
+/// their own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole 32-input chunks
 /// take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up to GEMV_MAX_T). NVFP4
 /// takes its tensor-core kernels at any count up to GEMV_MMA_MAX_T: a block per 16-row block of
 /// its tiled layout, its warps splitting k so that each has about `gemv_tiles` of the row's 64-input
 /// tiles, all in flight at once (kernels/gemv.cu), up to `gemv_max_warps` (limits.rs's numbers the
 /// kernels were compiled with).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
-    let (k, one) = (w.dims().1, t == 1 && rows < T1_MAX_ROWS);
+    let (k, light) = (w.dims().1, rows < T1_MAX_ROWS);
     let cores = |f| {
         let ks = match rows.div_ceil(GEMV_ROWS * 4) {
             b if b < SPLIT_4_BELOW => 4,
@@ -98,9 +98,11 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
             Some(Tiling { f, group_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS })
         }
         _ if t > GEMV_MAX_T => None,
-        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => {
-            cores(if one { &kf.gemv_bf16_t1 } else { &kf.gemv_bf16 })
-        }
+        Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => cores(match t {
+            1 if light => &kf.gemv_bf16_t1,
+            2 if light => &kf.gemv_bf16_t2,
+            _ => &kf.gemv_bf16,
+        }),
         _ => None,
     }
 }
@@ -197,12 +199,12 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gemv_bf16(_t1)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
+    // SAFETY: gemv_bf16(_t1, _t2)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
     // block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows;
     // gemv_nvfp4(_t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block (kernel_for,
     // the kernels' own number); part i
     // owns blocks first_block[i].. covering its n[i] rows (for NVFP4, row blocks < ceil(n[i] / 16)
-    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1; t <= GEMV_MMA_MAX_T for
+    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for
     // _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
     // are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels;
     // NVFP4 reads whole tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
