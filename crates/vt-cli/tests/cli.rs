@@ -96,17 +96,7 @@ fn bench_hold_runs_every_sequence_the_pool_allows_at_once() {
 /// ids as without speculation, and the drafts accepted and proposed in the JSON.
 #[test]
 fn generate_speculates_with_the_builtin_mtp_layer() {
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let out = vt()
-            .args(["generate", "--backend", "cpu", "--prompt", "def fibonacci(n):\n    if n < 2:\n"])
-            .args(["--max-new-tokens", "40", "--temperature", "0", "--json"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
-    };
+    let run = generate_builtin;
     let plain = run(&[]);
     assert_eq!(plain["drafts_proposed"], 0);
     for drafter in ["auto", "mtp"] {
@@ -115,6 +105,37 @@ fn generate_speculates_with_the_builtin_mtp_layer() {
         let (proposed, accepted) =
             (spec["drafts_proposed"].as_u64().unwrap(), spec["drafts_accepted"].as_u64().unwrap());
         assert!(proposed > 0 && accepted > 0 && accepted <= proposed, "--drafter {drafter}: {accepted} of {proposed}");
+    }
+}
+
+/// `vt generate` on the built-in model with `extra` arguments: its JSON line.
+fn generate_builtin(extra: &[&str]) -> serde_json::Value {
+    let out = vt()
+        .args(["generate", "--backend", "cpu", "--prompt", "def fibonacci(n):\n    if n < 2:\n"])
+        .args(["--max-new-tokens", "40", "--temperature", "0", "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// `vt generate --tensor-parallel 2 --speculative-tokens 2` runs on 2 CPU ranks (and with
+/// `--expert-parallel`): the MTP layer, split as the model's layers are, drafts what it drafts on
+/// one rank, so the ids and the drafts proposed and accepted are those of one rank, and the ids
+/// those without speculation.
+#[test]
+fn generate_speculates_split_over_ranks() {
+    let plain = generate_builtin(&[]);
+    let one = generate_builtin(&["--speculative-tokens", "2"]);
+    assert!(one["drafts_accepted"].as_u64().unwrap() > 0, "{one}");
+    for extra in [&["--tensor-parallel", "2"][..], &["--tensor-parallel", "2", "--expert-parallel"]] {
+        let split = generate_builtin(&[extra, &["--speculative-tokens", "2"]].concat());
+        assert_eq!(split["token_ids"], plain["token_ids"], "{extra:?}");
+        for key in ["drafts_proposed", "drafts_accepted"] {
+            assert_eq!(split[key], one[key], "{extra:?}: {key}");
+        }
     }
 }
 

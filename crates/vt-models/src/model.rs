@@ -107,9 +107,8 @@ impl<B: Backend> Model<B> {
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = parallel::lm_head(&ld, &spec, shard)?;
-        // A split model drafts nothing yet: its MTP layer is not split over the ranks.
         let mtp = match &spec.mtp {
-            Some(ls) if shard.is_alone() && ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h)?),
+            Some(ls) if ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h, shard)?),
             _ => None,
         };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);

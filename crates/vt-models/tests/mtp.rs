@@ -1,24 +1,45 @@
 //! The MTP layer as a draft model on the CPU: drafts against tools/oracle/mtp.py's f32 reference
-//! (vt-test-support's `mtp` bodies), and models without one.
+//! (vt-test-support's `mtp` bodies), alone and split over ranks, and models without one.
+
+use std::path::Path;
 
 use vt_core::backend::Device;
 use vt_cpu::CpuBackend;
 use vt_models::{DraftInput, Logits, Model};
+use vt_test_support::parallel::cpu_ranks;
 use vt_test_support::{all_fixtures, fixture, mtp};
+
+fn alone(dir: &Path) -> Model<CpuBackend> {
+    Model::load(&CpuBackend::new(), dir).unwrap()
+}
 
 #[test]
 fn draft_matches_reference() {
-    mtp::draft_matches_reference(&CpuBackend::new());
+    mtp::draft_matches_reference(alone);
 }
 
 #[test]
 fn draft_after_pieces_and_a_rejected_chain() {
-    mtp::draft_after_pieces_and_a_rejected_chain(&CpuBackend::new());
+    mtp::draft_after_pieces_and_a_rejected_chain(alone);
 }
 
 #[test]
 fn batched_drafts_match_reference() {
-    mtp::batched_drafts_match_reference(&CpuBackend::new());
+    mtp::batched_drafts_match_reference(alone);
+}
+
+/// The same bodies on models split over 2 ranks, tensor- and expert-parallel: the MTP layer is
+/// split as the model's layers are (heads, experts, its KV in every rank's pool), rank 0's hidden
+/// states reach every rank, and the drafts' logits are gathered over the ranks' vocabulary rows.
+/// Its sums differ from the model's alone by f32 rounding, well within the reference's tolerance.
+#[test]
+fn split_models_draft_as_the_reference() {
+    for ep in [false, true] {
+        let split = |dir: &Path| cpu_ranks(dir, 2, ep);
+        mtp::draft_matches_reference(split);
+        mtp::draft_after_pieces_and_a_rejected_chain(split);
+        mtp::batched_drafts_match_reference(split);
+    }
 }
 
 /// Laguna, Qwen3-MoE and the quantized Qwen3.5 fixtures carry no MTP layer: the model says so and

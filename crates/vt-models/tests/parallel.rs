@@ -1,17 +1,8 @@
 //! Tensor and expert parallelism on CPU ranks (threads over the host communicator): every fixture
 //! split over 1, 2 and 4 ranks against the model alone (vt-test-support's `parallel` bodies).
 
-use std::sync::Arc;
-
-use vt_core::{Communicator, HostComm};
 use vt_cpu::{AllocMode, CpuBackend};
-use vt_models::Comms;
-use vt_test_support::parallel::{split_matches_alone, Tol};
-
-fn host_comms(backends: &[CpuBackend]) -> Comms<CpuBackend> {
-    let group = HostComm::group(backends.len()).unwrap();
-    group.into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator<CpuBackend>>).collect()
-}
+use vt_test_support::parallel::{host_comms, split_matches_alone, Tol};
 
 fn arenas(n: usize) -> Vec<CpuBackend> {
     (0..n).map(|_| CpuBackend::with_mode(AllocMode::PlacementArena)).collect()

@@ -8,6 +8,7 @@ use vt_core::backend::prelude::*;
 use vt_cpu::CpuBackend;
 use vt_models::{Logits, Model, SeqState, StatePool, StepSeq};
 use vt_test_support::all_fixtures;
+use vt_test_support::parallel::{cpu_ranks, two_rank_fixtures};
 
 type State = SeqState<CpuBackend>;
 
@@ -74,109 +75,131 @@ impl Verifier {
 fn verification_computes_decode_steps_and_settles_to_the_kept_state() {
     for dir in all_fixtures() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let b = CpuBackend::new();
-        let m = Model::load(&b, &dir).unwrap();
-        let vocab = m.spec().vocab;
-        let (pa, pb, pc) = (ids(vocab, 21, 0), ids(vocab, 9, 3), ids(vocab, 30, 1));
-        let (sa, sb, sc) = (ids(vocab, 60, 7), ids(vocab, 45, 2), ids(vocab, 20, 5));
-        let refs = pool(&m, 3);
-        let (mut ra, rows_a) = reference(&m, &refs, (&pa, pa.len()), &sa);
-        let (mut rb, rows_b) = reference(&m, &refs, (&pb, pb.len()), &sb);
-        let (mut rc, rows_c) = reference(&m, &refs, (&pc, 7), &sc);
+        verify_and_settle(&Model::load(&CpuBackend::new(), &dir).unwrap(), &name);
+    }
+}
 
-        let spec = pool(&m, 3);
-        let (mut a, mut bb, mut c) = (spec.new_state().unwrap(), spec.new_state().unwrap(), spec.new_state().unwrap());
-        m.forward_batch(&mut [(&pa, &mut a), (&pb, &mut bb)]).unwrap();
-        let mut va = Verifier { state: a, stream: sa.clone(), at: 0, salt: 0 };
-        let mut vb = Verifier { state: bb, stream: sb.clone(), at: 0, salt: 3 };
-        // C runs its prompt in chunks of 7 beside the verifications, then decodes plainly.
-        let (mut c_prompt, mut c_at) = (0, 0);
-        let mut step = 0;
-        while va.at < sa.len() || vb.at < sb.len() {
-            let (ta, ka) = if va.at < sa.len() { va.plan(step, vocab) } else { (Vec::new(), 0) };
-            let (tb, kb) = if vb.at < sb.len() { vb.plan(step, vocab) } else { (Vec::new(), 0) };
-            let tc: Vec<u32> = if c_prompt < pc.len() {
-                pc[c_prompt..(c_prompt + 7).min(pc.len())].to_vec()
-            } else {
-                sc.get(c_at).map(|&t| vec![t]).unwrap_or_default()
-            };
-            let mut seqs = Vec::new();
-            let mut who = Vec::new();
-            if !ta.is_empty() {
-                seqs.push(StepSeq { ids: &ta, state: &mut va.state, verify: true });
-                who.push('a');
-            }
-            if !tc.is_empty() {
-                seqs.push(StepSeq { ids: &tc, state: &mut c, verify: false });
-                who.push('c');
-            }
-            if !tb.is_empty() {
-                seqs.push(StepSeq { ids: &tb, state: &mut vb.state, verify: true });
-                who.push('b');
-            }
-            let out = m.step(&mut seqs, false).unwrap();
-            drop(seqs);
-            let logits = b.to_f32(&out.logits).unwrap();
-            let row = |r: usize| bits(&logits[r * vocab..(r + 1) * vocab]);
-            for (range, w) in out.rows.iter().zip(&who) {
-                match w {
-                    'a' | 'b' => {
-                        let (v, keep, want) = if *w == 'a' { (&va, ka, &rows_a) } else { (&vb, kb, &rows_b) };
-                        assert_eq!(range.len(), if *w == 'a' { ta.len() } else { tb.len() });
-                        for j in 0..keep {
-                            assert!(
-                                row(range.start + j) == want[v.at + j],
-                                "{name}: step {step}: sequence {w}'s verified position {j} differs from its decode step"
-                            );
-                        }
+/// The same on models split over 2 ranks, tensor- and expert-parallel: every rank runs the
+/// verification over its part of each state, and settling reruns every rank's delta-net heads
+/// from its own snapshot, so each rank's linear-attention state (`linear_state` reads every
+/// rank's) and the logits after it are those of a sequence that never saw the rejected drafts.
+/// The split model's decode steps sum the ranks' parts as its verifications do: bit for bit.
+#[test]
+fn split_verification_settles_every_rank() {
+    for dir in two_rank_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        for ep in [false, true] {
+            let m = cpu_ranks(&dir, 2, ep);
+            assert_eq!(m.ranks(), 2);
+            verify_and_settle(&m, &format!("{name} over 2 ranks, expert-parallel {ep}"));
+        }
+    }
+}
+
+/// Sequences a and b verify drafts (some kept, some rejected) in steps beside c's prompt chunks
+/// and plain decodes; checked against sequences that ran only the kept tokens.
+fn verify_and_settle(m: &Model<CpuBackend>, name: &str) {
+    let b = m.backend();
+    let vocab = m.spec().vocab;
+    let (pa, pb, pc) = (ids(vocab, 21, 0), ids(vocab, 9, 3), ids(vocab, 30, 1));
+    let (sa, sb, sc) = (ids(vocab, 60, 7), ids(vocab, 45, 2), ids(vocab, 20, 5));
+    let refs = pool(m, 3);
+    let (mut ra, rows_a) = reference(m, &refs, (&pa, pa.len()), &sa);
+    let (mut rb, rows_b) = reference(m, &refs, (&pb, pb.len()), &sb);
+    let (mut rc, rows_c) = reference(m, &refs, (&pc, 7), &sc);
+
+    let spec = pool(m, 3);
+    let (mut a, mut bb, mut c) = (spec.new_state().unwrap(), spec.new_state().unwrap(), spec.new_state().unwrap());
+    m.forward_batch(&mut [(&pa, &mut a), (&pb, &mut bb)]).unwrap();
+    let mut va = Verifier { state: a, stream: sa.clone(), at: 0, salt: 0 };
+    let mut vb = Verifier { state: bb, stream: sb.clone(), at: 0, salt: 3 };
+    // C runs its prompt in chunks of 7 beside the verifications, then decodes plainly.
+    let (mut c_prompt, mut c_at) = (0, 0);
+    let mut step = 0;
+    while va.at < sa.len() || vb.at < sb.len() {
+        let (ta, ka) = if va.at < sa.len() { va.plan(step, vocab) } else { (Vec::new(), 0) };
+        let (tb, kb) = if vb.at < sb.len() { vb.plan(step, vocab) } else { (Vec::new(), 0) };
+        let tc: Vec<u32> = if c_prompt < pc.len() {
+            pc[c_prompt..(c_prompt + 7).min(pc.len())].to_vec()
+        } else {
+            sc.get(c_at).map(|&t| vec![t]).unwrap_or_default()
+        };
+        let mut seqs = Vec::new();
+        let mut who = Vec::new();
+        if !ta.is_empty() {
+            seqs.push(StepSeq { ids: &ta, state: &mut va.state, verify: true });
+            who.push('a');
+        }
+        if !tc.is_empty() {
+            seqs.push(StepSeq { ids: &tc, state: &mut c, verify: false });
+            who.push('c');
+        }
+        if !tb.is_empty() {
+            seqs.push(StepSeq { ids: &tb, state: &mut vb.state, verify: true });
+            who.push('b');
+        }
+        let out = m.step(&mut seqs, false).unwrap();
+        drop(seqs);
+        let logits = b.to_f32(&out.logits).unwrap();
+        let row = |r: usize| bits(&logits[r * vocab..(r + 1) * vocab]);
+        for (range, w) in out.rows.iter().zip(&who) {
+            match w {
+                'a' | 'b' => {
+                    let (v, keep, want) = if *w == 'a' { (&va, ka, &rows_a) } else { (&vb, kb, &rows_b) };
+                    assert_eq!(range.len(), if *w == 'a' { ta.len() } else { tb.len() });
+                    for j in 0..keep {
+                        assert!(
+                            row(range.start + j) == want[v.at + j],
+                            "{name}: step {step}: sequence {w}'s verified position {j} differs from its decode step"
+                        );
                     }
-                    _ => {
-                        assert_eq!(range.len(), 1);
-                        if c_prompt >= pc.len() {
-                            assert!(row(range.start) == rows_c[c_at], "{name}: step {step}: the plain decode differs");
-                        }
+                }
+                _ => {
+                    assert_eq!(range.len(), 1);
+                    if c_prompt >= pc.len() {
+                        assert!(row(range.start) == rows_c[c_at], "{name}: step {step}: the plain decode differs");
                     }
                 }
             }
-            let mut settle: Vec<(&mut State, usize)> = Vec::new();
-            if !ta.is_empty() {
-                settle.push((&mut va.state, ka));
-            }
-            if !tb.is_empty() {
-                settle.push((&mut vb.state, kb));
-            }
-            m.settle(&mut settle).unwrap();
-            va.at += ka;
-            vb.at += kb;
-            if c_prompt < pc.len() {
-                c_prompt += tc.len();
-            } else if !tc.is_empty() {
-                c_at += 1;
-            }
-            step += 1;
         }
-        while c_at < sc.len() {
-            m.forward(&[sc[c_at]], &mut c, Logits::Last).unwrap();
+        let mut settle: Vec<(&mut State, usize)> = Vec::new();
+        if !ta.is_empty() {
+            settle.push((&mut va.state, ka));
+        }
+        if !tb.is_empty() {
+            settle.push((&mut vb.state, kb));
+        }
+        m.settle(&mut settle).unwrap();
+        va.at += ka;
+        vb.at += kb;
+        if c_prompt < pc.len() {
+            c_prompt += tc.len();
+        } else if !tc.is_empty() {
             c_at += 1;
         }
-        assert!(step > 10, "{name}: the script ran {step} steps");
-        for (v, r, w) in [(&mut va.state, &mut ra, 'a'), (&mut vb.state, &mut rb, 'b'), (&mut c, &mut rc, 'c')] {
-            assert_eq!(v.len(), r.len(), "{name}: sequence {w}'s length");
-            assert_eq!(v.blocks_held(), r.blocks_held(), "{name}: sequence {w}'s blocks");
-            let (mine, theirs) = (spec.linear_state(v).unwrap(), refs.linear_state(r).unwrap());
-            assert!(bits(&mine) == bits(&theirs), "{name}: sequence {w}'s linear-attention state differs");
-            // What the blocks hold shows in what comes next.
-            let next = ids(vocab, 6, 9);
-            for &id in &next {
-                let mine = b.to_f32(&m.forward(&[id], v, Logits::Last).unwrap()).unwrap();
-                let theirs = b.to_f32(&m.forward(&[id], r, Logits::Last).unwrap()).unwrap();
-                assert!(bits(&mine) == bits(&theirs), "{name}: sequence {w} decodes differently after settling");
-            }
-        }
-        drop((va, vb, c));
-        let stats = spec.stats();
-        assert_eq!((stats.blocks_used, stats.slots_used), (0, 0), "{name}: blocks and slots go back");
+        step += 1;
     }
+    while c_at < sc.len() {
+        m.forward(&[sc[c_at]], &mut c, Logits::Last).unwrap();
+        c_at += 1;
+    }
+    assert!(step > 10, "{name}: the script ran {step} steps");
+    for (v, r, w) in [(&mut va.state, &mut ra, 'a'), (&mut vb.state, &mut rb, 'b'), (&mut c, &mut rc, 'c')] {
+        assert_eq!(v.len(), r.len(), "{name}: sequence {w}'s length");
+        assert_eq!(v.blocks_held(), r.blocks_held(), "{name}: sequence {w}'s blocks");
+        let (mine, theirs) = (spec.linear_state(v).unwrap(), refs.linear_state(r).unwrap());
+        assert!(bits(&mine) == bits(&theirs), "{name}: sequence {w}'s linear-attention state differs");
+        // What the blocks hold shows in what comes next.
+        let next = ids(vocab, 6, 9);
+        for &id in &next {
+            let mine = b.to_f32(&m.forward(&[id], v, Logits::Last).unwrap()).unwrap();
+            let theirs = b.to_f32(&m.forward(&[id], r, Logits::Last).unwrap()).unwrap();
+            assert!(bits(&mine) == bits(&theirs), "{name}: sequence {w} decodes differently after settling");
+        }
+    }
+    drop((va, vb, c));
+    let stats = spec.stats();
+    assert_eq!((stats.blocks_used, stats.slots_used), (0, 0), "{name}: blocks and slots go back");
 }
 
 /// A verification must be settled before the sequence runs again; settling checks what it keeps;

@@ -1,6 +1,7 @@
 //! The MTP draft bodies, generic over the backend: `Model::draft` against the f32 reference of
 //! tools/oracle/mtp.py (`mtp_reference.safetensors` beside a fixture's reference) under the f32
-//! rule. Each f32 backend's tests run them (vt-models' tests/mtp.rs on the CPU).
+//! rule. Each f32 backend's tests run them, on the model `load` makes of a fixture (vt-models'
+//! tests/mtp.rs on the CPU, alone and split over ranks).
 
 use std::path::{Path, PathBuf};
 
@@ -127,10 +128,10 @@ fn check_chain(what: &str, r: &MtpReference, tokens: &[u32], logits: &[f32]) {
 }
 
 /// The prompt's rows fed at once, then a chain of drafts: the reference's chain.
-pub fn draft_matches_reference<B: Backend>(b: &B) {
+pub fn draft_matches_reference<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
     for dir in mtp_fixtures() {
         let r = MtpReference::load(&dir);
-        let m = Model::load(b, &dir).unwrap();
+        let m = load(&dir);
         assert!(m.has_mtp(), "{}: the MTP layer was not loaded", name(&dir));
         let n = r.draft_start + 1;
         let mut st = m.new_state(4096).unwrap();
@@ -142,10 +143,10 @@ pub fn draft_matches_reference<B: Backend>(b: &B) {
 
 /// Rows fed in pieces equal rows fed at once, and rows fed after a chain (whose KV was scratch)
 /// equal the reference's teacher-forced rows: the state after a rejected draft is right.
-pub fn draft_after_pieces_and_a_rejected_chain<B: Backend>(b: &B) {
+pub fn draft_after_pieces_and_a_rejected_chain<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
     for dir in mtp_fixtures() {
         let r = MtpReference::load(&dir);
-        let m = Model::load(b, &dir).unwrap();
+        let m = load(&dir);
         let (n, rows) = (r.draft_start + 1, r.next_ids.len());
         let mut st = m.new_state(4096).unwrap();
         run_target(&m, &dir, &r, &mut st, rows);
@@ -167,10 +168,11 @@ pub fn draft_after_pieces_and_a_rejected_chain<B: Backend>(b: &B) {
 
 /// Two sequences of one pool drafted in one call (one fed many rows, one a single row) each get
 /// what they get alone.
-pub fn batched_drafts_match_reference<B: Backend>(b: &B) {
+pub fn batched_drafts_match_reference<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
     for dir in mtp_fixtures() {
         let r = MtpReference::load(&dir);
-        let m = Model::load(b, &dir).unwrap();
+        let m = load(&dir);
+        let b = m.backend();
         let n = r.draft_start + 1;
         let pool = m.new_pool(&m.pool_config(2, 4096, 4096)).unwrap();
         let (mut a, mut c) = (pool.new_state().unwrap(), pool.new_state().unwrap());

@@ -1,6 +1,6 @@
 //! The engine over a model split across CPU ranks: continuous batching, preemption (a pool that
-//! runs out) and forked choices give every sequence the tokens the split model generates alone,
-//! and dropping the engine gives every rank's memory back, cycle after cycle.
+//! runs out), forked choices and speculation give every sequence the tokens the split model
+//! generates alone, and dropping the engine gives every rank's memory back, cycle after cycle.
 
 use std::sync::{Arc, Mutex};
 
@@ -48,11 +48,19 @@ fn a_split_engine_batches_preempts_and_forks_as_alone_and_gives_every_rank_its_m
             prompts.iter().map(|p| vt::generate(&m, p, &opts).unwrap().token_ids).collect()
         };
         let mut first: Option<Vec<Vec<u32>>> = None;
+        // Cycle 1 speculates (the MTP layer drafts where the model has one, else prompt lookup):
+        // every rank verifies, settles and gives its snapshots back.
         for cycle in 0..2 {
             let model = load();
-            let budget = model.pool_config(2, block, 512).bytes;
-            let config =
-                EngineConfig { max_seqs: 2, max_context: 4 * block, memory_budget: Some(budget), ..Default::default() };
+            // Speculating, each sequence's verification takes a spare delta-net slot too.
+            let budget = model.pool_config(2, block, 512).bytes + cycle * model.pool_config(2, 0, 512).bytes;
+            let config = EngineConfig {
+                max_seqs: 2,
+                max_context: 4 * block,
+                memory_budget: Some(budget),
+                speculative_tokens: 2 * cycle,
+                ..Default::default()
+            };
             let mut engine = Engine::new(model, config).unwrap();
             let request = |p: &Vec<u32>| Request {
                 prompt: p.clone(),
@@ -75,6 +83,7 @@ fn a_split_engine_batches_preempts_and_forks_as_alone_and_gives_every_rank_its_m
                 engine.step();
             }
             assert!(engine.preemptions() > 0, "{name} cycle {cycle}: the pool was meant to run out");
+            assert_eq!(engine.speculation_stats().0 > 0, cycle == 1, "{name} cycle {cycle}: drafts");
             let got: Vec<Vec<u32>> = logs.iter().map(tokens).collect();
             let want = [&alone[0], &alone[1], &alone[2], &alone[2]];
             for (i, (g, w)) in got.iter().zip(want).enumerate() {

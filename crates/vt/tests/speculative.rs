@@ -2,7 +2,8 @@
 //! (a second copy of the model: nearly always right; random tokens: nearly always wrong; a mix;
 //! the model's own MTP layer), greedy requests get exactly the tokens and logprobs they get
 //! without speculation, with continuous batching, forks, chunked prefill and the prefix cache on
-//! or off. The built-in model's trained MTP layer drafts tokens the model accepts.
+//! or off, alone or split over ranks. The built-in model's trained MTP layer drafts tokens the
+//! model accepts.
 
 mod support;
 
@@ -14,6 +15,7 @@ use vt::{
     SamplingParams, SeqId,
 };
 use vt_test_support::all_fixtures;
+use vt_test_support::parallel::{cpu_ranks, two_rank_fixtures};
 
 /// Deterministic prompts of different lengths within the vocabulary, some repeating themselves.
 fn prompts(vocab: usize, n: usize) -> Vec<Vec<u32>> {
@@ -123,13 +125,16 @@ fn tokens(logs: &[Vec<Event>]) -> Vec<Vec<u32>> {
 /// Every event of every request (tokens, logprobs, the finish), and the engine's step count,
 /// drafts verified and accepted, and prefix-cache hits. `drafter`: a stand-in, or (`None`) the
 /// engine's own where `config` speculates (the MTP layer's on a model that has one).
-fn run(
-    dir: &std::path::Path,
-    config: EngineConfig,
-    drafter: Option<Kind>,
-) -> (Vec<Vec<Event>>, usize, (u64, u64), u64) {
+fn run(dir: &std::path::Path, config: EngineConfig, drafter: Option<Kind>) -> Outcome {
+    run_on(Model::load(&CpuBackend::new(), dir).unwrap(), dir, config, drafter)
+}
+
+/// Events, steps, (drafted, accepted) and prefix-cache hits of a run.
+type Outcome = (Vec<Vec<Event>>, usize, (u64, u64), u64);
+
+/// `run` with `model` (the model of `dir`: alone, or split over ranks) as the target.
+fn run_on(model: Model<CpuBackend>, dir: &std::path::Path, config: EngineConfig, drafter: Option<Kind>) -> Outcome {
     let b = CpuBackend::new();
-    let model = Model::load(&b, dir).unwrap();
     let vocab = model.spec().vocab;
     let mut engine = Engine::new(model, config).unwrap();
     if let Some(kind) = drafter {
@@ -222,6 +227,40 @@ fn greedy_output_with_speculation_equals_without_on_every_fixture() {
                     }
                     Kind::Mixed => {}
                 }
+            }
+        }
+    }
+}
+
+/// Split over 2 ranks (tensor-, then expert-parallel), the target verifies and settles on every
+/// rank, and the MTP layer drafts on every rank: with a stand-in drafter (some drafts wrong),
+/// prompt lookup, and the MTP layer where the fixture has one, greedy requests get exactly the
+/// events (tokens and logprobs) the split model gets without speculation, and the tokens the
+/// model gets alone, from the drafts it gets alone.
+#[test]
+fn split_models_speculate_as_one_rank_decodes() {
+    for dir in two_rank_fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let (alone, _, _, _) = run(&dir, EngineConfig::default(), None);
+        let has_mtp = Model::load(&CpuBackend::new(), &dir).unwrap().has_mtp();
+        for ep in [false, true] {
+            let (want, _, _, _) = run_on(cpu_ranks(&dir, 2, ep), &dir, EngineConfig::default(), None);
+            assert_eq!(tokens(&want), tokens(&alone), "{name}, expert-parallel {ep}: split differs from alone");
+            let mut drafters = vec![(Some(Kind::Mixed), DrafterKind::Auto), (None, DrafterKind::Ngram)];
+            if has_mtp {
+                drafters.push((None, DrafterKind::Mtp));
+            }
+            for (kind, drafter) in drafters {
+                let config = EngineConfig { speculative_tokens: 3, drafter, ..Default::default() };
+                let (got, _, (drafted, accepted), _) = run_on(cpu_ranks(&dir, 2, ep), &dir, config.clone(), kind);
+                let at = format!("{name} over 2 ranks, expert-parallel {ep}: {kind:?} drafter ({drafter:?})");
+                assert!(got == want, "{at}: the events differ from decoding without speculation");
+                assert!(drafted > 0, "{at}: nothing was drafted");
+                // The same drafts as on one rank (the MTP layer's too), so the same accepted; a
+                // split model caches no prefixes, whose blocks bound a step's drafts.
+                let (_, _, one_rank, _) = run(&dir, EngineConfig { prefix_cache: false, ..config }, kind);
+                assert_eq!((drafted, accepted), one_rank, "{at}: drafted and accepted, against one rank");
+                println!("{at}: accepted {accepted} of {drafted}");
             }
         }
     }

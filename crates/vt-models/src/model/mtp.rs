@@ -39,8 +39,10 @@ pub(super) struct Mtp<B: Backend> {
 
 impl<B: Backend> Mtp<B> {
     /// The checkpoint's `mtp.*` module (layer 0) of a model of width `h`.
-    pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, h: usize) -> Result<Self> {
-        let layer = Layer::load(ld, ls, "mtp.layers.0", h, &Shard::ALONE)?;
+    /// Split over ranks, its layer is split as the model's are (`shard`); the rest, which every
+    /// row needs whole, is on every rank.
+    pub(super) fn load(ld: &Loader<B>, ls: &LayerSpec, h: usize, shard: &Shard) -> Result<Self> {
+        let layer = Layer::load(ld, ls, "mtp.layers.0", h, shard)?;
         if !matches!(layer.mixer, Mixer::Attention(_)) {
             return Err(Error::tensor("mtp.layers.0", "the MTP layer must be an attention layer"));
         }
@@ -94,11 +96,12 @@ impl<B: Backend> Model<B> {
         self.mtp.is_some()
     }
 
-    /// Drops the MTP layer (its weights and its KV in pools made afterwards), for serving without
-    /// speculation. States of pools made before no longer fit the model.
+    /// Drops the MTP layer (its weights and its KV in pools made afterwards, on every rank), for
+    /// serving without speculation. States of pools made before no longer fit the model.
     pub fn drop_mtp(&mut self) {
         self.mtp = None;
         self.state_layout = super::pool::StateLayout::of(&self.backend, &self.layers, None);
+        self.peers.iter_mut().for_each(Model::drop_mtp);
     }
 
     /// Feeds the MTP layer each sequence's rows (`DraftInput`), then drafts `k` tokens per
@@ -111,18 +114,116 @@ impl<B: Backend> Model<B> {
     /// sequence cut back to its accepted tokens needs nothing else. The chain writes KV up to
     /// position `mtp_len() + k - 2`: blocks are taken for it (all or none).
     pub fn draft(&self, seqs: &mut [DraftInput<'_, B>], k: usize) -> Result<Vec<Draft<B>>> {
-        let mtp = self.mtp.as_ref().ok_or_else(|| Error::input("draft: the model has no MTP layer"))?;
-        let (b, h) = (&self.backend, self.spec.hidden);
-        let Some(shared) = seqs.first().map(|s| s.state.pool.clone()) else {
-            return Err(Error::input("draft needs at least one sequence"));
-        };
-        let mut p = lock(&shared);
-        if p.layout != self.state_layout {
-            return Err(Error::input("sequence state belongs to another model"));
+        if self.peers.is_empty() {
+            return self.draft_rank(seqs, k);
         }
+        // Refused here, before any rank waits for the others in a collective.
+        self.check_draft(seqs, k)?;
+        self.draft_ranks(seqs, k)
+    }
+
+    /// `draft` on one rank (the whole model where it is not split).
+    pub(super) fn draft_rank(&self, seqs: &mut [DraftInput<'_, B>], k: usize) -> Result<Vec<Draft<B>>> {
+        let shared = self.check_draft(seqs, k)?;
+        let mtp = self.mtp.as_ref().ok_or_else(|| Error::input("draft: the model has no MTP layer"))?;
+        let b = &self.backend;
+        let mut p = lock(&shared);
         let Some(LayerSlot::Kv { group, pool_layer }) = self.state_layout.mtp else {
             return Err(Error::input("draft: the MTP layer has no KV in the pool"));
         };
+        for s in seqs.iter_mut() {
+            let end = s.state.mtp_len() + s.next.len() + k.saturating_sub(1);
+            s.state.grow(&mut p, end)?;
+        }
+
+        // The feed: every sequence's rows, single rows first (the attention batches them).
+        let layout = Layout::new(&seqs.iter().map(|s| (s.next.len(), s.state.mtp_len(), false)).collect::<Vec<_>>());
+        let order = layout.order.clone();
+        // Each sequence's (first row, rows, first position), in `order`.
+        let parts: Vec<(usize, usize, usize)> = (0..order.len())
+            .map(|r| match r.checked_sub(layout.stepwise()) {
+                None => (r, 1, layout.starts[r]),
+                Some(c) => (layout.spans[c].row, layout.spans[c].len, layout.spans[c].start),
+            })
+            .collect();
+        let stacked;
+        let hidden = match order.as_slice() {
+            &[i] => seqs[i].hidden,
+            _ => {
+                stacked = b.concat_rows(&order.iter().map(|&i| seqs[i].hidden).collect::<Vec<_>>())?;
+                &stacked
+            }
+        };
+        // Split, the peers hand zeros (parallel.rs `draft_ranks`): the sum is rank 0's rows.
+        let summed;
+        let hidden = match &self.comm {
+            Some(c) => {
+                summed = c.all_reduce_sum(b, hidden)?;
+                &summed
+            }
+            None => hidden,
+        };
+        let normed = b.rms_norm(hidden, &self.norm, self.spec.eps, self.spec.norm)?;
+        let tokens = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
+        let step = Step { tokens, hidden: &normed, layout };
+        let tables: Vec<Vec<u32>> = order.iter().map(|&i| seqs[i].state.tables[group].clone()).collect();
+        let mut out = self.mtp_step(mtp, &step, &mut p, pool_layer, &tables)?;
+        for (&i, &(_, len, start)) in order.iter().zip(&parts) {
+            seqs[i].state.mtp_pos = start + len;
+        }
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        // Each sequence's last fed row, then k - 1 chained single rows.
+        let last: Vec<Tensor<B>> =
+            parts.iter().map(|&(row, len, _)| b.slice_rows(&out, row + len - 1, 1)).collect::<Result<_>>()?;
+        out = stack_rows(b, last)?;
+        let mut logits = Vec::with_capacity(k);
+        let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(k);
+        for j in 0..k {
+            let l = self.logits(b, &out)?;
+            let picks = b.argmax_rows(&l, None)?;
+            if picks.iter().any(|p| !p.finite) {
+                return Err(Error::input("draft: the MTP's logits are not finite"));
+            }
+            tokens.push(picks.iter().map(|p| p.id).collect());
+            logits.push(l);
+            if j + 1 == k {
+                break;
+            }
+            // One row per sequence, in `order` (equal lengths keep the given order).
+            let layout =
+                Layout::new(&parts.iter().map(|&(_, len, start)| (1, start + len + j, false)).collect::<Vec<_>>());
+            let chain = Step { tokens: tokens[j].clone(), hidden: &out, layout };
+            out = self.mtp_step(mtp, &chain, &mut p, pool_layer, &tables)?;
+        }
+        // Back to the caller's order: sequence i ran as batch row `at[i]`.
+        let mut at = vec![0; order.len()];
+        for (r, &i) in order.iter().enumerate() {
+            at[i] = r;
+        }
+        at.iter()
+            .map(|&r| {
+                let rows = logits.iter().map(|l| b.slice_rows(l, r, 1)).collect::<Result<Vec<_>>>()?;
+                Ok(Draft { tokens: tokens.iter().map(|t| t[r]).collect(), logits: stack_rows(b, rows)? })
+            })
+            .collect()
+    }
+
+    /// Checks `draft`'s inputs against the sequences' pool (which holds the blocks the draft
+    /// takes); the pool.
+    fn check_draft(&self, seqs: &[DraftInput<'_, B>], k: usize) -> Result<super::pool::Shared<B>> {
+        if self.mtp.is_none() {
+            return Err(Error::input("draft: the model has no MTP layer"));
+        }
+        let h = self.spec.hidden;
+        let Some(shared) = seqs.first().map(|s| s.state.pool.clone()) else {
+            return Err(Error::input("draft needs at least one sequence"));
+        };
+        let p = lock(&shared);
+        if p.layout != self.state_layout {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
         let mut need = vec![0; p.groups.len()];
         for s in seqs.iter() {
             let (start, rows) = (s.state.mtp_len(), s.next.len());
@@ -158,74 +259,8 @@ impl<B: Backend> Model<B> {
                 p.groups[g].free()
             )));
         }
-        for s in seqs.iter_mut() {
-            let end = s.state.mtp_len() + s.next.len() + k.saturating_sub(1);
-            s.state.grow(&mut p, end)?;
-        }
-
-        // The feed: every sequence's rows, single rows first (the attention batches them).
-        let layout = Layout::new(&seqs.iter().map(|s| (s.next.len(), s.state.mtp_len(), false)).collect::<Vec<_>>());
-        let order = layout.order.clone();
-        // Each sequence's (first row, rows, first position), in `order`.
-        let parts: Vec<(usize, usize, usize)> = (0..order.len())
-            .map(|r| match r.checked_sub(layout.stepwise()) {
-                None => (r, 1, layout.starts[r]),
-                Some(c) => (layout.spans[c].row, layout.spans[c].len, layout.spans[c].start),
-            })
-            .collect();
-        let stacked;
-        let hidden = match order.as_slice() {
-            &[i] => seqs[i].hidden,
-            _ => {
-                stacked = b.concat_rows(&order.iter().map(|&i| seqs[i].hidden).collect::<Vec<_>>())?;
-                &stacked
-            }
-        };
-        let normed = b.rms_norm(hidden, &self.norm, self.spec.eps, self.spec.norm)?;
-        let tokens = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
-        let step = Step { tokens, hidden: &normed, layout };
-        let tables: Vec<Vec<u32>> = order.iter().map(|&i| seqs[i].state.tables[group].clone()).collect();
-        let mut out = self.mtp_step(mtp, &step, &mut p, pool_layer, &tables)?;
-        for (&i, &(_, len, start)) in order.iter().zip(&parts) {
-            seqs[i].state.mtp_pos = start + len;
-        }
-        if k == 0 {
-            return Ok(Vec::new());
-        }
-        // Each sequence's last fed row, then k - 1 chained single rows.
-        let last: Vec<Tensor<B>> =
-            parts.iter().map(|&(row, len, _)| b.slice_rows(&out, row + len - 1, 1)).collect::<Result<_>>()?;
-        out = stack_rows(b, last)?;
-        let mut logits = Vec::with_capacity(k);
-        let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(k);
-        for j in 0..k {
-            let l = b.linear(&out, self.lm_head.as_ref().unwrap_or(&self.embed))?;
-            let picks = b.argmax_rows(&l, None)?;
-            if picks.iter().any(|p| !p.finite) {
-                return Err(Error::input("draft: the MTP's logits are not finite"));
-            }
-            tokens.push(picks.iter().map(|p| p.id).collect());
-            logits.push(l);
-            if j + 1 == k {
-                break;
-            }
-            // One row per sequence, in `order` (equal lengths keep the given order).
-            let layout =
-                Layout::new(&parts.iter().map(|&(_, len, start)| (1, start + len + j, false)).collect::<Vec<_>>());
-            let chain = Step { tokens: tokens[j].clone(), hidden: &out, layout };
-            out = self.mtp_step(mtp, &chain, &mut p, pool_layer, &tables)?;
-        }
-        // Back to the caller's order: sequence i ran as batch row `at[i]`.
-        let mut at = vec![0; order.len()];
-        for (r, &i) in order.iter().enumerate() {
-            at[i] = r;
-        }
-        at.iter()
-            .map(|&r| {
-                let rows = logits.iter().map(|l| b.slice_rows(l, r, 1)).collect::<Result<Vec<_>>>()?;
-                Ok(Draft { tokens: tokens.iter().map(|t| t[r]).collect(), logits: stack_rows(b, rows)? })
-            })
-            .collect()
+        drop(p);
+        Ok(shared)
     }
 
     /// One MTP forward over `step`'s rows (each span attending through its sequence's table in
@@ -255,9 +290,9 @@ impl<B: Backend> Model<B> {
         let l = &mtp.layer;
         let tables: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
         let normed = b.rms_norm(&x, &l.input_norm, eps, kind)?;
-        let mixed = attn.forward(b, &normed, &step.layout, &mut p.kv, pool_layer, &tables, eps)?;
+        let mixed = self.reduce(b, attn.forward(b, &normed, &step.layout, &mut p.kv, pool_layer, &tables, eps)?)?;
         let (x1, h1) = b.add_rms_norm(&x, &mixed, &l.post_norm, eps, kind)?;
-        let f = l.ffn.forward(b, &h1)?;
+        let f = self.reduce(b, l.ffn.forward(b, &h1)?)?;
         Ok(b.add_rms_norm(&x1, &f, &mtp.norm, eps, kind)?.1)
     }
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::thread;
 
 use vt_core::checkpoint::Checkpoint;
-use vt_core::{Backend, Communicator, Error, Linear, Result, Tensor};
+use vt_core::{Backend, Communicator, DType, Error, Linear, Result, Tensor};
 
 use super::state::SeqState;
-use super::{Logits, Model, StepOutput, StepSeq};
+use super::{Draft, DraftInput, Logits, Model, StepOutput, StepSeq};
 use crate::loader::{DummyWeights, Loader};
 use crate::spec::ModelSpec;
 use crate::split::Shard;
@@ -97,52 +97,131 @@ impl<B: Backend> Model<B> {
     }
 
     /// `run` over every rank at once: rank 0 here, the peers on threads of their own, each over
-    /// its part of every sequence's state; rank 0's output (all ranks have the logits).
+    /// its part of every sequence's state; rank 0's output (all ranks have the logits). A
+    /// verifying sequence's state on every rank keeps what that rank's `settle` needs.
     pub(super) fn run_ranks(&self, seqs: &mut [StepSeq<'_, B>], which: Logits, hidden: bool) -> Result<StepOutput<B>> {
         let n = self.peers.len();
-        if seqs.iter().any(|s| s.verify) {
-            // Settling would have to follow on every rank's state.
-            return Err(Error::input("speculative verification steps do not run on a model split over ranks yet"));
-        }
         if seqs.iter().any(|s| s.state.peers.len() != n) {
             return Err(Error::input("sequence state belongs to another model"));
         }
-        let ids: Vec<&[u32]> = seqs.iter().map(|s| s.ids).collect();
+        let ids: Vec<(&[u32], bool)> = seqs.iter().map(|s| (s.ids, s.verify)).collect();
         let mut peer_states: Vec<Vec<SeqState<B>>> =
             seqs.iter_mut().map(|s| std::mem::take(&mut s.state.peers)).collect();
-        let results = thread::scope(|s| {
-            let mut per_rank: Vec<Vec<StepSeq<'_, B>>> = (0..n).map(|_| Vec::with_capacity(ids.len())).collect();
-            for (&id, states) in ids.iter().zip(peer_states.iter_mut()) {
-                for (r, state) in states.iter_mut().enumerate() {
-                    per_rank[r].push(StepSeq { ids: id, state, verify: false });
-                }
+        let mut per_rank: Vec<Vec<StepSeq<'_, B>>> = (0..n).map(|_| Vec::with_capacity(ids.len())).collect();
+        for (&(ids, verify), states) in ids.iter().zip(peer_states.iter_mut()) {
+            for (r, state) in states.iter_mut().enumerate() {
+                per_rank[r].push(StepSeq { ids, state, verify });
             }
-            let handles: Vec<_> = (self.peers.iter().zip(per_rank))
-                .map(|(m, mut batch)| s.spawn(move || m.run_guarded(&mut batch, which, hidden)))
-                .collect();
-            let mut all = vec![self.run_guarded(seqs, which, hidden)];
-            all.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))));
-            all
-        });
+        }
+        // The peers' hidden states are rank 0's (each all-reduce hands every rank the same sum).
+        let out = self.on_ranks(
+            per_rank,
+            |m, mut batch| m.guarded(|| m.run_rank(&mut batch, which, false)).map(drop),
+            || self.guarded(|| self.run_rank(seqs, which, hidden)),
+        );
         for (s, p) in seqs.iter_mut().zip(peer_states) {
             s.state.peers = p;
         }
-        // The failure of the rank that failed first, not the others' "aborted".
-        let cause = results.iter().filter_map(|r| r.as_ref().err()).find(|e| !e.to_string().contains(ABORTED));
-        if let Some(e) = cause {
-            return Err(Error::input(format!("a tensor-parallel rank failed: {e}")));
-        }
-        results.into_iter().next().unwrap_or_else(|| Err(panicked()))
+        out
     }
 
-    /// This rank's step; a failure aborts the group, so that no other rank waits for it.
-    fn run_guarded(&self, seqs: &mut [StepSeq<'_, B>], which: Logits, hidden: bool) -> Result<StepOutput<B>> {
+    /// `draft` over every rank at once. The MTP layer is split as the model's layers are, so every
+    /// rank runs every row; the peers hand zeros where rank 0 hands the hidden states, and the MTP
+    /// sums them first (exact: rank 0's values on every rank). Rank 0's drafts (every rank picks
+    /// the same: the gathered logits are the same bits on every rank).
+    pub(super) fn draft_ranks(&self, seqs: &mut [DraftInput<'_, B>], k: usize) -> Result<Vec<Draft<B>>> {
+        let n = self.peers.len();
+        if seqs.iter().any(|s| s.state.peers.len() != n) {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
+        let zeros = (self.peers.iter())
+            .map(|m| seqs.iter().map(|s| zeros_like(&m.backend, s.hidden)).collect::<Result<Vec<_>>>())
+            .collect::<Result<Vec<_>>>()?;
+        let next: Vec<&[u32]> = seqs.iter().map(|s| s.next).collect();
+        let mut peer_states: Vec<Vec<SeqState<B>>> =
+            seqs.iter_mut().map(|s| std::mem::take(&mut s.state.peers)).collect();
+        let mut per_rank: Vec<Vec<DraftInput<'_, B>>> = (0..n).map(|_| Vec::with_capacity(next.len())).collect();
+        for (i, states) in peer_states.iter_mut().enumerate() {
+            for (r, state) in states.iter_mut().enumerate() {
+                per_rank[r].push(DraftInput { state, hidden: &zeros[r][i], next: next[i] });
+            }
+        }
+        let out = self.on_ranks(
+            per_rank,
+            |m, mut inputs| m.guarded(|| m.draft_rank(&mut inputs, k)).map(drop),
+            || self.guarded(|| self.draft_rank(seqs, k)),
+        );
+        for (s, p) in seqs.iter_mut().zip(peer_states) {
+            s.state.peers = p;
+        }
+        out
+    }
+
+    /// `settle` on every rank at once (each reruns its own delta-net heads; nothing is
+    /// exchanged). The inputs are checked first, on rank 0, whose sequences' verifications every
+    /// rank's mirror.
+    pub(super) fn settle_ranks(&self, seqs: &mut [(&mut SeqState<B>, usize)]) -> Result<()> {
+        let n = self.peers.len();
+        if seqs.iter().any(|(s, _)| s.peers.len() != n) {
+            return Err(Error::input("sequence state belongs to another model"));
+        }
+        Self::check_settle(seqs)?;
+        let mut peer_states: Vec<Vec<SeqState<B>>> =
+            seqs.iter_mut().map(|(s, _)| std::mem::take(&mut s.peers)).collect();
+        let mut per_rank: Vec<Vec<(&mut SeqState<B>, usize)>> =
+            (0..n).map(|_| Vec::with_capacity(seqs.len())).collect();
+        for ((_, keep), states) in seqs.iter().zip(peer_states.iter_mut()) {
+            for (r, state) in states.iter_mut().enumerate() {
+                per_rank[r].push((state, *keep));
+            }
+        }
+        let out = self.on_ranks(per_rank, |m, mut part| m.settle_rank(&mut part), || self.settle_rank(seqs));
+        for ((s, _), p) in seqs.iter_mut().zip(peer_states) {
+            s.peers = p;
+        }
+        out
+    }
+
+    /// Runs `first` on rank 0 (this thread) and `peer` on each peer with its `work`, a thread
+    /// each, at once; rank 0's result, or the failure of the rank that failed first (not the
+    /// others' "aborted").
+    fn on_ranks<W: Send, T>(
+        &self,
+        work: Vec<W>,
+        peer: impl Fn(&Self, W) -> Result<()> + Sync,
+        first: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let (first, peers) = thread::scope(|s| {
+            let peer = &peer;
+            let handles: Vec<_> = (self.peers.iter().zip(work)).map(|(m, w)| s.spawn(move || peer(m, w))).collect();
+            let first = first();
+            (first, handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect::<Vec<_>>())
+        });
+        let errors = first.as_ref().err().into_iter().chain(peers.iter().filter_map(|r| r.as_ref().err()));
+        if let Some(e) = errors.clone().find(|e| !e.to_string().contains(ABORTED)).or(errors.clone().next()) {
+            return Err(Error::input(format!("a tensor-parallel rank failed: {e}")));
+        }
+        first
+    }
+
+    /// This rank's part of a step over the group: a failure aborts the group, so that no other
+    /// rank waits for it in a collective.
+    fn guarded<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let guard = AbortOnPanic(self.comm.as_deref());
-        let out = self.run_rank(seqs, which, hidden);
+        let out = f();
         if let (Err(e), Some(c)) = (&out, guard.0) {
             c.abort(&e.to_string());
         }
         out
+    }
+}
+
+/// Zeros of `t`'s shape and dtype on `b` (f32, or `b`'s activations).
+fn zeros_like<B: Backend>(b: &B, t: &Tensor<B>) -> Result<Tensor<B>> {
+    match t.dtype() {
+        DType::F32 => b.zeros_f32(t.shape()),
+        d if d == b.activation_dtype() => b.zeros(t.shape()),
+        d => Err(Error::input(format!("draft: hidden states in {d:?}, not f32 or the model's activation dtype"))),
     }
 }
 

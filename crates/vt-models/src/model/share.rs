@@ -95,7 +95,8 @@ impl<B: Backend> StatePool<B> {
     }
 
     /// `state`'s linear-attention states as f32: every delta-net layer's convolution state, then
-    /// its recurrent state (empty where the model has none). For inspection (tests).
+    /// its recurrent state (empty where the model has none); split over ranks, rank 0's, then each
+    /// other rank's. For inspection (tests).
     pub fn linear_state(&self, state: &SeqState<B>) -> Result<Vec<f32>> {
         self.check_own("linear_state", &[state])?;
         let p = lock(&self.shared);
@@ -103,6 +104,13 @@ impl<B: Backend> StatePool<B> {
         for layer in state.slot.iter().flat_map(|&s| p.slots.iter().map(move |l| &l[s])) {
             out.extend(p.backend.to_f32(&layer.conv)?);
             out.extend(p.backend.to_f32(&layer.recurrent)?);
+        }
+        drop(p);
+        if state.peers.len() != self.peers.len() {
+            return Err(Error::input("linear_state: the state was made by a model split over other ranks"));
+        }
+        for (pool, s) in self.peers.iter().zip(&state.peers) {
+            out.extend(pool.linear_state(s)?);
         }
         Ok(out)
     }

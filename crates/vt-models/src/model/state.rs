@@ -91,6 +91,7 @@ impl<B: Backend> SeqState<B> {
     /// (`Model::draft`; rows fed again overwrite their own KV).
     pub fn cut_mtp(&mut self, positions: usize) {
         self.mtp_pos = self.mtp_pos.min(positions);
+        self.peers.iter_mut().for_each(|p| p.cut_mtp(positions));
     }
 
     /// Steps recorded for this sequence so far (each replayed until its tables change).

@@ -54,18 +54,35 @@ impl<B: Backend> Model<B> {
     /// the pool and its linear-attention state is the one after them, bit for bit. A failed call
     /// leaves the states unusable.
     pub fn settle(&self, seqs: &mut [(&mut SeqState<B>, usize)]) -> Result<()> {
-        let Some(shared) = seqs.first().map(|(s, _)| s.pool.clone()) else { return Ok(()) };
+        match (seqs.is_empty(), self.peers.is_empty()) {
+            (true, _) => Ok(()),
+            (false, true) => self.settle_rank(seqs),
+            (false, false) => self.settle_ranks(seqs),
+        }
+    }
+
+    /// An error unless every sequence verified, keeps 1 to all of its positions, and shares the
+    /// first one's pool.
+    pub(super) fn check_settle(seqs: &[(&mut SeqState<B>, usize)]) -> Result<()> {
+        let Some(shared) = seqs.first().map(|(s, _)| &s.pool) else { return Ok(()) };
         for (s, keep) in seqs.iter() {
             let Some(u) = &s.unsettled else {
                 return Err(Error::input("settle: a sequence that did not verify"));
             };
-            if !(1..=u.len).contains(keep) || !Arc::ptr_eq(&s.pool, &shared) {
+            if !(1..=u.len).contains(keep) || !Arc::ptr_eq(&s.pool, shared) {
                 return Err(Error::input(format!(
                     "settle: keeping {keep} of {} verified positions (1 to all, sequences of one pool)",
                     u.len
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// `settle` on one rank (the whole model where it is not split).
+    pub(super) fn settle_rank(&self, seqs: &mut [(&mut SeqState<B>, usize)]) -> Result<()> {
+        Self::check_settle(seqs)?;
+        let Some(shared) = seqs.first().map(|(s, _)| s.pool.clone()) else { return Ok(()) };
         let units: Vec<(Unsettled<B>, usize)> =
             seqs.iter_mut().map(|(s, keep)| (s.unsettled.take().expect("checked"), *keep)).collect();
         let mut p = lock(&shared);
