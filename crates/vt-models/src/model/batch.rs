@@ -61,11 +61,12 @@ pub struct StepSeq<'a, B: Backend> {
     pub verify: bool,
 }
 
-/// A step as it ran: what it gave, and each verifying sequence's rows of it (in the caller's
-/// order; empty for the others), which `settle` reruns from.
-struct Ran<B: Backend> {
-    step: StepOutput<B>,
-    verified: Vec<Vec<usize>>,
+/// A step as it ran: what it gave, each verifying sequence's rows of it (in the caller's order;
+/// empty for the others) and the delta-net inputs of those rows, which `settle` reruns from.
+pub(super) struct Ran<B: Backend> {
+    pub(super) step: StepOutput<B>,
+    pub(super) verified: Vec<Vec<usize>>,
+    pub(super) saved: Arc<Saved<B>>,
 }
 
 /// What `Model::step` computed.
@@ -139,7 +140,7 @@ impl<B: Backend> Model<B> {
         }
         // A verifying sequence's linear-attention state before the step, for `settle`.
         let snapshots = self.snapshot_verifying(seqs, &mut p)?;
-        let (out, saved) = match self.run_recorded_or_not(seqs, which, hidden, &mut p) {
+        let out = match self.run_recorded_or_not(seqs, which, hidden, &mut p) {
             Ok(ran) => ran,
             Err(e) => {
                 snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
@@ -154,7 +155,8 @@ impl<B: Backend> Model<B> {
                 let len = s.ids.len();
                 let rows = out.verified[i].clone();
                 let start = s.state.pos - len;
-                s.state.unsettled = Some(Unsettled { start, len, snapshot: snapshots[i], rows, saved: saved.clone() });
+                let saved = out.saved.clone();
+                s.state.unsettled = Some(Unsettled { start, len, snapshot: snapshots[i], rows, saved });
             } else {
                 s.state.release_outside_windows(&mut p)?;
             }
@@ -165,30 +167,26 @@ impl<B: Backend> Model<B> {
     /// The step of `seqs` (their blocks taken): a replay of a recording where the backend
     /// records and the step is a decode step of one token a sequence, or one sequence's step
     /// (a decode token or a verification, with or without the hidden states), else op by op.
-    /// Returns what it gave, with each verifying sequence's rows of the step (in the caller's
-    /// order), and the delta-net inputs a verification keeps.
     fn run_recorded_or_not(
         &self,
         seqs: &mut [StepSeq<'_, B>],
         which: Logits,
         hidden: bool,
         p: &mut PoolInner<B>,
-    ) -> Result<(Ran<B>, Arc<Saved<B>>)> {
+    ) -> Result<Ran<B>> {
         // A recording would have to capture the ranks' collectives: split models run unrecorded.
         // (Single-token and verifying rows give the same logits rows whatever `which` asks.)
         let records = self.record_decode && self.comm.is_none();
         if records && seqs.len() >= 2 {
-            if let Some((step, verified, saved)) = self.recorded_batch(seqs, hidden, p)? {
-                return Ok((Ran { step, verified }, saved));
+            if let Some(ran) = self.recorded_batch(seqs, hidden, p)? {
+                return Ok(ran);
             }
         }
         // One sequence's decode token or verification (not a prompt chunk).
         if let (true, [s]) = (records, &mut *seqs) {
             if s.verify || s.ids.len() == 1 {
-                if let Some((step, saved)) = self.recorded_step(s, hidden, p)? {
-                    // A single sequence's rows are the step's, in position order.
-                    let verified = vec![if s.verify { (0..s.ids.len()).collect() } else { Vec::new() }];
-                    return Ok((Ran { step, verified }, saved));
+                if let Some(ran) = self.recorded_step(s, hidden, p)? {
+                    return Ok(ran);
                 }
             }
         }
@@ -202,7 +200,7 @@ impl<B: Backend> Model<B> {
                 verified[i] = layout.rows_of(k);
             }
         }
-        Ok((Ran { step, verified }, Arc::new(saved)))
+        Ok(Ran { step, verified, saved: Arc::new(saved) })
     }
 
     /// Copies the linear-attention state of each verifying sequence into a spare slot of the

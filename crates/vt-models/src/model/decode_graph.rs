@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use vt_core::{Backend, Error, KvSeq, ReplayInputs, Result, Tensor};
 
-use super::batch::{Row, StepOutput, StepSeq};
+use super::batch::{Ran, Row, StepOutput, StepSeq};
 use super::layout::Layout;
 use super::pool::{GdnSlot, LayerSlot, Padding, PoolInner};
 use super::state::{Recorded, SeqState};
@@ -63,16 +63,15 @@ impl<B: Backend> Model<B> {
     }
 
     /// The step of one sequence (a decode token, or a verification) as a replay of its own
-    /// recording of that shape, recorded first if it has none; returns what the step gives and a
-    /// verification's delta-net inputs. `None`: nothing ran and the state is as it was; run the
-    /// step unrecorded. `p` is the sequence's pool, whose blocks cover the step's positions. The
+    /// recording of that shape, recorded first if it has none. `None`: nothing ran and the state
+    /// is as it was; run the step unrecorded. `p` is the sequence's pool, whose blocks cover the step's positions. The
     /// state's position is the caller's to advance.
     pub(super) fn recorded_step(
         &self,
         s: &mut StepSeq<'_, B>,
         hidden: bool,
         p: &mut PoolInner<B>,
-    ) -> Result<Option<(StepOutput<B>, Arc<Saved<B>>)>> {
+    ) -> Result<Option<Ran<B>>> {
         let shape = StepShape { tokens: s.ids.len(), verify: s.verify, hidden };
         let SeqState { pos, tables, slot, recorded, recordings, .. } = &mut *s.state;
         let row = [Row { ids: s.ids, pos: *pos, tables, slot: *slot, verify: s.verify }];
@@ -104,21 +103,22 @@ impl<B: Backend> Model<B> {
         let out_rows = if s.verify { s.ids.len() } else { 1 };
         let logits = b.slice_rows(&step.logits, 0, out_rows)?;
         let hidden = step.hidden.as_ref().map(|h| b.slice_rows(h, 0, s.ids.len())).transpose()?;
-        Ok(Some((StepOutput { logits, rows: vec![0..out_rows], hidden }, step.saved.clone())))
+        // A single sequence's rows are the step's, in position order.
+        let verified = vec![if s.verify { (0..s.ids.len()).collect() } else { Vec::new() }];
+        let step_out = StepOutput { logits, rows: std::iter::once(0..out_rows).collect(), hidden };
+        Ok(Some(Ran { step: step_out, verified, saved: step.saved.clone() }))
     }
 
     /// A step of two or more sequences of one shape (a token each, or verifications of as many
     /// positions each) as a replay of the pool's recording for their bucket, recorded first where
-    /// it has none or it no longer fits; returns what the step gives (each sequence's rows, in
-    /// its order), each verifying sequence's rows of the step and a verification's delta-net
-    /// inputs. `None`: nothing ran; run the step unrecorded. Positions are the caller's to
-    /// advance.
+    /// it has none or it no longer fits (each sequence's rows of what it gives in its order).
+    /// `None`: nothing ran; run the step unrecorded. Positions are the caller's to advance.
     pub(super) fn recorded_batch(
         &self,
         seqs: &mut [StepSeq<'_, B>],
         hidden: bool,
         p: &mut PoolInner<B>,
-    ) -> Result<Option<(StepOutput<B>, Vec<Vec<usize>>, Arc<Saved<B>>)>> {
+    ) -> Result<Option<Ran<B>>> {
         let n = seqs.len();
         let Some(first) = seqs.first() else { return Ok(None) };
         let shape = StepShape { tokens: first.ids.len(), verify: first.verify, hidden };
@@ -189,7 +189,7 @@ impl<B: Backend> Model<B> {
         let saved = step.saved.clone();
         p.batch_steps.push((key, BatchStep::Step(step)));
         let ranges = (0..n).map(|i| i * out..(i + 1) * out).collect();
-        Ok(Some((StepOutput { logits, rows: ranges, hidden }, verified, saved)))
+        Ok(Some(Ran { step: StepOutput { logits, rows: ranges, hidden }, verified, saved }))
     }
 
     /// What a replay of `rows` (laid out as `layout`) over `p` is given: their ids and positions
