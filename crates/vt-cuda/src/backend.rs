@@ -249,6 +249,9 @@ impl FusedOps for CudaBackend {
         if moe::decode::fits(self, x, router, experts, shared) {
             return moe::decode::moe_block(self, x, router, experts, shared);
         }
+        if let Some(y) = moe::decode::nvfp4_in_chunks(self, x, router, experts, shared)? {
+            return Ok(y);
+        }
         vt_core::backend::composed::moe_block(self, x, router, experts, shared)
     }
 

@@ -7,7 +7,7 @@
 //! resident expert table (table.rs), the shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
-use vt_core::{DType, MoeExperts, Result, Router, SharedExpert, Weight};
+use vt_core::{DType, MoeExperts, Ops, Result, Router, SharedExpert, Weight};
 
 use super::routing::RouteArgs;
 use super::table::expert_table;
@@ -62,18 +62,18 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
     fp4
 }
 
-/// Whether the fused kernels take this call, and then the experts' format (`true`: NVFP4): t <=
-/// MOE_DEC_MAX_T tokens whose logits the GEMV kernels take, a bf16 router, one expert format, a
-/// shared expert of the routed experts' width, a token's activations within the device's shared
-/// memory per block.
+/// Whether the fused kernels take a call of `t` tokens of `width` activations, and then the
+/// experts' format (`true`: NVFP4): t <= MOE_DEC_MAX_T tokens whose logits the GEMV kernels take,
+/// a bf16 router, one expert format, a shared expert of the routed experts' width, a token's
+/// activations within the device's shared memory per block.
 fn nvfp4_if_fits(
     b: &CudaBackend,
-    x: &CudaTensor,
+    (t, width): (usize, usize),
     router: &Router<CudaBackend>,
     experts: &MoeExperts<CudaBackend>,
     shared: Option<&SharedExpert<'_, CudaBackend>>,
 ) -> Option<bool> {
-    let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
+    let (h, inter, n_exp) = (experts.hidden, experts.intermediate, experts.experts.len());
     let top_k = router.kind.top_k();
     let bf16_vec = |w: &Weight<CudaBackend>, n: usize| {
         matches!(w, Weight::Dense(d) if d.dtype() == DType::BF16) && w.dims() == (n, h) && h % 8 == 0
@@ -89,7 +89,7 @@ fn nvfp4_if_fits(
     let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
     let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MOE_DEC_MAX_T).contains(&t)
-        && x.last_dim() == h
+        && width == h
         && n_exp <= ROUTE_MAX_EXP
         && (1..=ROUTE_MAX_K.min(n_exp)).contains(&top_k)
         && bf16_vec(&router.weight.weight, n_exp)
@@ -107,7 +107,34 @@ pub(crate) fn fits(
     experts: &MoeExperts<CudaBackend>,
     shared: Option<&SharedExpert<'_, CudaBackend>>,
 ) -> bool {
-    nvfp4_if_fits(b, x, router, experts, shared).is_some()
+    nvfp4_if_fits(b, (x.rows(), x.last_dim()), router, experts, shared).is_some()
+}
+
+/// Most tokens for which NVFP4 experts still take the fused kernels, MOE_DEC_MAX_T tokens a call,
+/// each reading its tokens' experts once per token: the grouped prefill GEMMs, whose 64-slot
+/// tiles an expert fills with one or two tokens at batch 32, made NVFP4 decode slower there than
+/// bf16 (docs/performance.md).
+const NV4_CHUNKED_MAX_T: usize = 64;
+
+/// The fused block over chunks of MOE_DEC_MAX_T tokens, for NVFP4 experts of a call of more
+/// tokens than one fused call takes and at most NV4_CHUNKED_MAX_T; `None` for other calls.
+pub(crate) fn nvfp4_in_chunks(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    router: &Router<CudaBackend>,
+    experts: &MoeExperts<CudaBackend>,
+    shared: Option<&SharedExpert<'_, CudaBackend>>,
+) -> Result<Option<CudaTensor>> {
+    let t = x.rows();
+    let chunk = (MOE_DEC_MAX_T, x.last_dim());
+    if t <= MOE_DEC_MAX_T || t > NV4_CHUNKED_MAX_T || nvfp4_if_fits(b, chunk, router, experts, shared) != Some(true) {
+        return Ok(None);
+    }
+    let parts = (0..t)
+        .step_by(MOE_DEC_MAX_T)
+        .map(|r| moe_block(b, &b.slice_rows(x, r, MOE_DEC_MAX_T.min(t - r))?, router, experts, shared))
+        .collect::<Result<Vec<_>>>()?;
+    vt_core::backend::stack_rows(b, parts).map(Some)
 }
 
 /// The fused block, for a call that `fits` took.
@@ -118,7 +145,7 @@ pub(crate) fn moe_block(
     experts: &MoeExperts<CudaBackend>,
     shared: Option<&SharedExpert<'_, CudaBackend>>,
 ) -> Result<CudaTensor> {
-    let fp4 = nvfp4_if_fits(b, x, router, experts, shared)
+    let fp4 = nvfp4_if_fits(b, (x.rows(), x.last_dim()), router, experts, shared)
         .ok_or_else(|| err("moe_block: the fused decode kernels do not take this call"))?;
     let (t, h, inter, n_exp) = (x.rows(), experts.hidden, experts.intermediate, experts.experts.len());
     let top_k = router.kind.top_k();
