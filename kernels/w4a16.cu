@@ -40,6 +40,35 @@ extern "C" __global__ void nvfp4_repack(unsigned char* codes_out, unsigned char*
     }
 }
 
+// The bf16 [n, k] matrix of an NVFP4 weight w (its tiled layout) without its per-tensor
+// multiplier, which is exact (nvfp4.cuh): a warp per tile, lane (g, c) writing its rows g and g + 8
+// at inputs 16 s + 2c, + 1 and + 8, + 9 of each step s. 128 threads (4 tiles) a block; k % 16 == 0.
+extern "C" __global__ void nvfp4_dequant(bf16* out, WeightDesc w, int n) {
+    int kt_n = nv4_k_tiles(w), lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    long long tile = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (tile >= (long long)((n + NV4_ROWS - 1) / NV4_ROWS) * kt_n) return;
+    int rb = (int)(tile / kt_n), kb = (int)(tile % kt_n);
+    uint4 q;
+    uint2 sc;
+    nv4_load(w, tile, lane, q, sc);
+    unsigned sg[4], sg8[4], qw[4] = {q.x, q.y, q.z, q.w};
+    nv4_scales(sc.x, sg);
+    nv4_scales(sc.y, sg8);
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        unsigned pair[2][2];
+        nv4_decode(qw[s], sg[s], sg8[s], pair[0], pair[1]);
+        int col = NV4_K * kb + 16 * s + 2 * c;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long row = NV4_ROWS * rb + g + 8 * h;
+            if (row >= n) continue;
+            if (col < w.k) *(unsigned*)(out + row * w.k + col) = pair[h][0];
+            if (col + 8 < w.k) *(unsigned*)(out + row * w.k + col + 8) = pair[h][1];
+        }
+    }
+}
+
 // C = A W^T for one tile of 32 MI rows of A and W4_BN weight rows. A row r (< rows) is
 // `a + a_row(r) * k`; k % 16 == 0. The weight rows are 8 row blocks: `wsrc(i, w, rb)` names
 // block i's weight and row block (false: none, zeros). 256 threads: 2 x 4 warps of 16 MI x 32,

@@ -189,6 +189,23 @@ fn nvfp4_linear(b: &CudaBackend, pool: &Pool, t: usize, n: usize, k: usize) -> R
     ])
 }
 
+/// Where NVFP4 prefill turns from the W4A16 kernel (`w4a16`: a backend that never expands the
+/// weight) to a bf16 copy of the weight and cuBLASLt (`b`, from NV4_DEQUANT_FROM_T tokens), at
+/// `[t, k] x [n, k]^T` beside bf16 cuBLASLt, same input.
+fn nvfp4_crossover(b: &CudaBackend, w4a16: &CudaBackend, pool: &Pool, t: usize, (n, k): (usize, usize)) -> Result<()> {
+    let w4 = Linear::new(b, nvfp4(b, n, k, (n * k) as u64)?)?;
+    let dense = Linear::new(b, Weight::Dense(pool.tensor(b, &[n, k], 41, 1.0 / (k as f32).sqrt())?))?;
+    let x = pool.tensor(b, &[t, k], 40, 1.0)?;
+    let time =
+        |be: &CudaBackend, w: &Linear<CudaBackend>| be.time_ms(runs().0, runs().1, || be.linear(&x, w).map(drop));
+    let (ms_b, ms_k, ms16) = (time(b, &w4)?, time(w4a16, &w4)?, time(b, &dense)?);
+    eprintln!(
+        "nvfp4 linear t={t} n={n} k={k}: vt {ms_b:.4} ms, W4A16 kernel {ms_k:.4} ms, bf16 cuBLASLt {ms16:.4} ms: vt / bf16 time {:.2}",
+        ms_b / ms16
+    );
+    Ok(())
+}
+
 /// Causal attention of `t` queries over as many keys, heads `(hq, hkv, d)`, a sliding window of
 /// `window` keys or none.
 fn attention(
@@ -257,6 +274,14 @@ fn main() -> Result<()> {
         match nvfp4_linear(&b, &pool, 4096, n, k) {
             Ok(rows) => cases.extend(rows.map(Ok)),
             Err(e) => cases.push(Err(e)),
+        }
+    }
+    if wanted("linear") {
+        let w4a16 = b.with_kernel_defines(&[("NV4_DEQUANT_FROM_T", 1 << 30)])?;
+        for t in [64, 128, 256, 512, 1024, 4096] {
+            if let Err(e) = nvfp4_crossover(&b, &w4a16, &pool, t, (8192, 2048)) {
+                eprintln!("nvfp4 crossover t={t}: {e}");
+            }
         }
     }
     if wanted("moe") {

@@ -55,11 +55,12 @@ impl Gemm {
         k: usize,
     ) -> Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.xwt(stream, x, w, y, t, n, k, sys::cudaDataType_t::CUDA_R_16BF) }
+        unsafe { self.xwt(stream, x, w, y, t, n, k, sys::cudaDataType_t::CUDA_R_16BF, 1.0) }
     }
 
     /// As `bf16_xwt` with `y` of type `out` (bf16, or f32 where the next step wants full
-    /// precision, as router logits do).
+    /// precision, as router logits do), times `alpha` (applied to the f32 sums before `y`'s
+    /// rounding: an NVFP4 weight's per-tensor multiplier).
     ///
     /// # Safety
     /// As `bf16_xwt`, with `y` holding `t * n` values of `out`.
@@ -74,6 +75,7 @@ impl Gemm {
         n: usize,
         k: usize,
         out: sys::cudaDataType_t,
+        alpha: f32,
     ) -> Result<()> {
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
         // Column-major view: Yᵀ [n, t] = W [k, n]ᵀ · Xᵀ [k, t].
@@ -107,7 +109,7 @@ impl Gemm {
         // SAFETY: every descriptor is live for the call.
         let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc.0, a.0, b.0, c.0, c.0, pref.0) }
             .map_err(|e| blas_err(&format!("no algorithm for [{t}, {k}] x [{n}, {k}]ᵀ"), e))?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let beta = 0.0f32;
         // SAFETY: the caller guarantees the operand sizes; the layouts above describe exactly them,
         // the workspace is ours and the stream is the backend's.
         unsafe {

@@ -101,6 +101,8 @@ pub struct Nv4Shape {
     /// Warps of a MoE gate/up block and of a MoE down block.
     pub moe_warps: usize,
     pub moe_down_warps: usize,
+    /// Tokens from which a dense linear runs through a bf16 copy of its weight and cuBLASLt.
+    pub dequant_from_t: usize,
 }
 
 impl Nv4Shape {
@@ -111,6 +113,7 @@ impl Nv4Shape {
             gemv_max_warps: n("GEMV_NV4_MAX_WARPS"),
             moe_warps: n("MOE_NV4_WARPS"),
             moe_down_warps: n("MOE_NV4_DOWN_WARPS"),
+            dequant_from_t: n("NV4_DEQUANT_FROM_T"),
         }
     }
 }
@@ -204,7 +207,7 @@ kernels! {
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],
     "gdn_chunk.cu" => [gdn_chunk_prep_v64, gdn_chunk_scan_v64, gdn_chunk_prep_v128, gdn_chunk_scan_v128],
-    "w4a16.cu" => [nvfp4_repack, w4a16_gemm, moe_w4_gate_up, moe_w4_down],
+    "w4a16.cu" => [nvfp4_repack, nvfp4_dequant, w4a16_gemm, moe_w4_gate_up, moe_w4_down],
 }
 
 /// Lets `f` use `bytes` of dynamic shared memory (above the 48 KiB a launch gets by default).

@@ -89,4 +89,8 @@ shared! {
     W4_BN: usize = 128;
     W4_STAGES: usize = 4;
     W4_MOE_MI: usize = 4;
+    /// Tokens from which an NVFP4 dense linear expands its weight to bf16 (exact, w4a16.cu's
+    /// nvfp4_dequant) and runs cuBLASLt's GEMM instead of the W4A16 kernel (prefill_bench's
+    /// `linear` case measures both).
+    NV4_DEQUANT_FROM_T: usize = 256;
 }

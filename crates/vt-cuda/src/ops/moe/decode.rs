@@ -114,7 +114,7 @@ pub(crate) fn fits(
 /// each reading its tokens' experts once per token: the grouped prefill GEMMs, whose 64-slot
 /// tiles an expert fills with one or two tokens at batch 32, made NVFP4 decode slower there than
 /// bf16 (docs/performance.md).
-const NV4_CHUNKED_MAX_T: usize = 64;
+const NV4_CHUNKED_MAX_T: usize = 32;
 
 /// The fused block over chunks of MOE_DEC_MAX_T tokens, for NVFP4 experts of a call of more
 /// tokens than one fused call takes and at most NV4_CHUNKED_MAX_T; `None` for other calls.

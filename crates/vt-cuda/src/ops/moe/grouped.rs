@@ -89,7 +89,9 @@ pub(crate) fn moe(
     let logits = b.buffer(t * n_exp * 4)?;
     // SAFETY: x holds t * h bf16, the router n_exp * h bf16 (checked by fits), logits t * n_exp
     // f32; all live until the stream has run the GEMM.
-    unsafe { b.gemm().xwt(b.stream(), px, rw.buffer().ptr(), logits.ptr(), t, n_exp, h, cudaDataType_t::CUDA_R_32F)? };
+    unsafe {
+        b.gemm().xwt(b.stream(), px, rw.buffer().ptr(), logits.ptr(), t, n_exp, h, cudaDataType_t::CUDA_R_32F, 1.0)?
+    };
 
     let max_tiles = tile_bound(slots, n_exp, tile_rows);
     let (ids, weights) = (b.buffer(slots * 4)?, b.buffer(slots * 4)?);
