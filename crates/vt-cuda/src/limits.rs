@@ -92,5 +92,5 @@ shared! {
     /// Tokens from which an NVFP4 dense linear expands its weight to bf16 (exact, w4a16.cu's
     /// nvfp4_dequant) and runs cuBLASLt's GEMM instead of the W4A16 kernel (prefill_bench's
     /// `linear` case measures both).
-    NV4_DEQUANT_FROM_T: usize = 256;
+    NV4_DEQUANT_FROM_T: usize = 512;
 }

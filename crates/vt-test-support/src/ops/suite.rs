@@ -288,8 +288,8 @@ pub fn linear_every_weight_format<G: Backend>(dev: &OnDevice<G>) {
         let fp8 = [[128, 128], [16, 48]].map(|block| HostWeight::fp8(&mut r, n, k, block));
         let dense = [HostWeight::bf16(&mut r, n, k), HostWeight::f32(&mut r, n, k)];
         for hw in dense.into_iter().chain(nvfp4).chain(fp8) {
-            // 300 rows: vt-cuda's NVFP4 prefill through a bf16 copy of the weight and cuBLASLt.
-            linear_rows(dev, &mut r, "linear", &hw, (n, k), &[1, 37, 111, 300]);
+            // 520 rows: vt-cuda's NVFP4 prefill through a bf16 copy of the weight and cuBLASLt.
+            linear_rows(dev, &mut r, "linear", &hw, (n, k), &[1, 37, 111, 520]);
         }
     }
 }
