@@ -31,8 +31,8 @@ pub(crate) fn fits(t: usize, w: &Weight<CudaBackend>) -> bool {
 /// `y [t, n] = x [t, k] · Wᵀ` on the tensor cores, for a `w` that `fits` took: from
 /// NV4_DEQUANT_FROM_T tokens (rows a multiple of 8) through a bf16 copy of the weight and
 /// cuBLASLt (where the W4A16 kernel's decode of every tile for each 128 tokens costs more than
-/// expanding the weight once), else the W4A16 kernel. `x` and `y` are device addresses of `t * k` and `t * n` bf16 values,
-/// alive until the stream has run (the caller's tensors).
+/// expanding the weight once), else the W4A16 kernel. `x` and `y` are device addresses of `t * k`
+/// and `t * n` bf16 values, alive until the stream has run (the caller's tensors).
 pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>, y: u64) -> Result<()> {
     if !fits(t, &w.weight) {
         return Err(err(format!("linear: the W4A16 kernel does not take {t} tokens of this weight")));

@@ -6,10 +6,10 @@
 //!
 //! A sequence stepping alone replays its own recording of the step's shape (kept in its state): a
 //! decode step, or a verification of k drafts (its k + 1 positions as consecutive single-token
-//! rows), with or without the hidden states a drafter reads. Steps of several single-token
-//! sequences replay the pool's recording for the smallest bucket of `BATCH_ROWS` that holds them; rows past the sequences are padding, each over a block of each group and a
-//! delta-net slot the pool keeps for it (at most 7: the buckets are 8 apart from 8 on), and their
-//! logits are dropped.
+//! rows), with or without the hidden states a drafter reads. Steps of several sequences of one
+//! shape replay the pool's recording for the smallest bucket of `BATCH_ROWS` that holds them; rows
+//! past the sequences are padding, each over a block of each group and a delta-net slot the pool
+//! keeps for it (at most 7: the buckets are 8 apart from 8 on), and their outputs are dropped.
 
 use std::sync::Arc;
 
@@ -64,8 +64,8 @@ impl<B: Backend> Model<B> {
 
     /// The step of one sequence (a decode token, or a verification) as a replay of its own
     /// recording of that shape, recorded first if it has none. `None`: nothing ran and the state
-    /// is as it was; run the step unrecorded. `p` is the sequence's pool, whose blocks cover the step's positions. The
-    /// state's position is the caller's to advance.
+    /// is as it was; run the step unrecorded. `p` is the sequence's pool, whose blocks cover the
+    /// step's positions. The state's position is the caller's to advance.
     pub(super) fn recorded_step(
         &self,
         s: &mut StepSeq<'_, B>,

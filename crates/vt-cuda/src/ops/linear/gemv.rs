@@ -60,12 +60,12 @@ struct Tiling<'a> {
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
 /// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one and two tokens have
-/// their own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole 32-input chunks
-/// take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up to GEMV_MAX_T). NVFP4
-/// takes its tensor-core kernels at any count up to GEMV_MMA_MAX_T: a block per 16-row block of
-/// its tiled layout, its warps splitting k so that each has about `gemv_tiles` of the row's 64-input
-/// tiles, all in flight at once (kernels/gemv.cu), up to `gemv_max_warps` (limits.rs's numbers the
-/// kernels were compiled with).
+/// their own, lighter kernels (below T1_MAX_ROWS rows); from MMA_MIN_T tokens rows of whole
+/// 32-input chunks take the tensor-core kernels, up to GEMV_MMA_MAX_T (the other kernels up to
+/// GEMV_MAX_T). NVFP4 takes its tensor-core kernels at any count up to GEMV_MMA_MAX_T: a block
+/// per 16-row block of its tiled layout, its warps splitting k so that each has about
+/// `gemv_tiles` of the row's 64-input tiles, all in flight at once (kernels/gemv.cu), up to
+/// `gemv_max_warps` (limits.rs's numbers the kernels were compiled with).
 fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: usize) -> Option<Tiling<'a>> {
     let (k, light) = (w.dims().1, rows < T1_MAX_ROWS);
     let cores = |f| {
@@ -204,8 +204,8 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // gemv_nvfp4(_t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block (kernel_for,
     // the kernels' own number); part i
     // owns blocks first_block[i].. covering its n[i] rows (for NVFP4, row blocks < ceil(n[i] / 16)
-    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for
-    // _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
+    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <=
+    // GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
     // are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels;
     // NVFP4 reads whole tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
     // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).
