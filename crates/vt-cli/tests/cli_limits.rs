@@ -351,7 +351,16 @@ fn sigterm_drains_in_flight_requests_and_a_second_signal_exits() {
     let body =
         serde_json::json!({"prompt": "def ", "max_tokens": 4000, "temperature": 1.0, "stream": true}).to_string();
     write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Running: its first streamed token is out (a fixed wait let a loaded machine signal a server
+    // with nothing in flight, which then drained at once).
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first token: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
     signal(&child, "-INT");
     std::thread::sleep(Duration::from_millis(200));
     signal(&child, "-INT");
