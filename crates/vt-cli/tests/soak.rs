@@ -175,8 +175,14 @@ async fn soak() {
         assert_eq!(health.status(), 200);
         let health_ms = h.elapsed().as_millis();
         drop(idle);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let kib = rss_kib(child.id());
+        // The server's settled footprint: the least of a few samples while it closes the idle
+        // connections (one sample 500 ms after the drop caught a loaded machine's server still
+        // holding some of their buffers: 26 MiB over the round before, then back down).
+        let mut kib = u64::MAX;
+        for _ in 0..12 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            kib = kib.min(rss_kib(child.id()));
+        }
         eprintln!("soak round {round}: {:.1} s, {served}/{BURST} of the burst served, /health with {IDLE} idle connections in {health_ms} ms, RSS {} MiB", t.elapsed().as_secs_f64(), kib / 1024);
         rss.push(kib);
     }
@@ -186,10 +192,13 @@ async fn soak() {
     eprintln!("soak: /health answered {ok} polls, failed {failed}");
     assert_eq!(failed, 0);
     assert!(ok > 0);
-    // Flat: after the first round (allocator warm-up), within 10% + 16 MiB of round 1.
-    let base = rss[1];
-    for (i, &r) in rss.iter().enumerate().skip(2) {
-        assert!(r <= base + base / 10 + 16 * 1024, "RSS grew: round 1 {base} KiB, round {i} {r} KiB");
+    // Flat: after the allocator's warm-up, within 10% + 16 MiB of it. The warm-up takes two
+    // rounds: settled figures of 82 MiB after round 1 then 101-102 after each of rounds 2 to 5
+    // were seen on a 2-core machine, as were 96 then 82, 102, 101, 101, 102. A leak of a few MiB
+    // a request round still shows by round 5.
+    let base = rss[1].max(rss[2]);
+    for (i, &r) in rss.iter().enumerate().skip(3) {
+        assert!(r <= base + base / 10 + 16 * 1024, "RSS grew: rounds 1-2 {base} KiB, round {i} {r} KiB");
     }
 
     // Shutdown with 100 half-open connections and a stream in flight.
