@@ -145,6 +145,7 @@ pub(super) fn take_rows<B: Backend>(b: &B, m: &mut Option<Tensor<B>>, sp: &Span)
 
 #[cfg(test)]
 mod tests {
+    use super::super::batch::Row;
     use super::Layout;
 
     #[test]
@@ -162,6 +163,13 @@ mod tests {
         assert_eq!(l.rows_of(2), [2]);
         assert_eq!(l.rows_of(3), [6, 7, 8, 9]);
         assert!(l.verifies() && !l.one_wave());
+        // Each row's position and token, as a recorded step's replays are given them.
+        assert_eq!(l.positions(), [20, 30, 10, 21, 31, 22, 0, 1, 2, 3]);
+        let toks: [&[u32]; 4] = [&[7], &[20, 21, 22], &[0, 1, 2, 3], &[30, 31]];
+        let rows: Vec<Row<'_>> = (toks.iter().zip([10, 20, 0, 30]))
+            .map(|(ids, pos)| Row { ids, pos, tables: &[], slot: None, verify: ids.len() > 1 && pos > 0 })
+            .collect();
+        assert_eq!(l.ids(&rows), [20, 30, 7, 21, 31, 22, 0, 1, 2, 3]);
         // Plain decodes keep the caller's order in one wave.
         let l = Layout::new(&[(1, 5, false), (1, 7, false)]);
         assert!(l.one_wave() && l.order == [0, 1]);
