@@ -64,24 +64,13 @@ __device__ __forceinline__ float sample_adjusted(float l, const LogitAdjust& a, 
 
 // Block sums (every thread gets the total): a butterfly per warp, then over the warps' sums in
 // order. Every lane of a butterfly adds the same pairs (addition commutes), so all agree.
-__device__ double sample_sum(double v, double* red) {
+template <typename T> __device__ T sample_sum(T v, T* red) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ int sample_count_sum(int v, int* red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? red[lane] : 0;
+    v = lane < (int)(blockDim.x >> 5) ? red[lane] : T(0);
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -113,14 +102,14 @@ __device__ int sample_count(const float* s, int n, unsigned t, bool strict, int*
         unsigned k = sample_key(s[i]);
         c += strict ? k > t : k >= t;
     }
-    return sample_count_sum(c, red);
+    return sample_sum(c, red);
 }
 
 // Tokens of key exactly t.
 __device__ int sample_count_eq(const float* s, int n, unsigned t, int* red) {
     int c = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) c += sample_key(s[i]) == t;
-    return sample_count_sum(c, red);
+    return sample_sum(c, red);
 }
 
 // Weight of the tokens of key >= t (or > t where `strict`).
