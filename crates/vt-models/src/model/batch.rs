@@ -175,20 +175,16 @@ impl<B: Backend> Model<B> {
         p: &mut PoolInner<B>,
     ) -> Result<Ran<B>> {
         // A recording would have to capture the ranks' collectives: split models run unrecorded.
-        // (Single-token and verifying rows give the same logits rows whatever `which` asks.)
-        let records = self.record_decode && self.comm.is_none();
-        if records && seqs.len() >= 2 {
-            if let Some(ran) = self.recorded_batch(seqs, hidden, p)? {
-                return Ok(ran);
-            }
-        }
-        // One sequence's decode token or verification (not a prompt chunk).
-        if let (true, [s]) = (records, &mut *seqs) {
-            if s.verify || s.ids.len() == 1 {
-                if let Some(ran) = self.recorded_step(s, hidden, p)? {
-                    return Ok(ran);
-                }
-            }
+        // Recordings run single-token rows: decode tokens and verifications, not prompt chunks
+        // (and such rows give the same logits rows whatever `which` asks).
+        let records = self.record_decode && self.comm.is_none() && seqs.iter().all(|s| s.verify || s.ids.len() == 1);
+        let recorded = match &mut *seqs {
+            _ if !records => None,
+            [s] => self.recorded_step(s, hidden, p)?,
+            _ => self.recorded_batch(seqs, hidden, p)?,
+        };
+        if let Some(ran) = recorded {
+            return Ok(ran);
         }
         let rows: Vec<Row<'_>> = seqs.iter().map(|s| Row { verify: s.verify, ..Row::of(s.ids, s.state) }).collect();
         let layout = Layout::of(&rows);

@@ -36,6 +36,21 @@ pub(super) struct RecordedStep<B: Backend> {
     saved: Arc<Saved<B>>,
 }
 
+impl<B: Backend> RecordedStep<B> {
+    /// What a replay gave its first `n` sequences, of `shape`, laid out as `layout` (equal lengths
+    /// keep the caller's order, padding last): copies of their logits and hidden rows, as the
+    /// next replay overwrites the recording's; the delta-net inputs are shared, as `settle` reads
+    /// them before these sequences step again.
+    fn ran(&self, b: &B, n: usize, shape: StepShape, layout: &Layout) -> Result<Ran<B>> {
+        let out = if shape.verify { shape.tokens } else { 1 };
+        let logits = b.slice_rows(&self.logits, 0, n * out)?;
+        let hidden = self.hidden.as_ref().map(|h| b.slice_rows(h, 0, n * shape.tokens)).transpose()?;
+        let verified = (0..n).map(|k| if shape.verify { layout.rows_of(k) } else { Vec::new() }).collect();
+        let rows = (0..n).map(|i| i * out..(i + 1) * out).collect();
+        Ok(Ran { step: StepOutput { logits, rows, hidden }, verified, saved: self.saved.clone() })
+    }
+}
+
 /// What a sequence's own recorded step runs: its tokens (1, or a verification's positions), and
 /// whether it gives the hidden states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,16 +112,7 @@ impl<B: Backend> Model<B> {
             recorded.swap_remove(at);
             return Ok(None);
         }
-        // Copies: the next replay overwrites the recording's outputs. The delta-net inputs are
-        // read by `settle`, before this sequence steps again.
-        let b = &self.backend;
-        let out_rows = if s.verify { s.ids.len() } else { 1 };
-        let logits = b.slice_rows(&step.logits, 0, out_rows)?;
-        let hidden = step.hidden.as_ref().map(|h| b.slice_rows(h, 0, s.ids.len())).transpose()?;
-        // A single sequence's rows are the step's, in position order.
-        let verified = vec![if s.verify { (0..s.ids.len()).collect() } else { Vec::new() }];
-        let step_out = StepOutput { logits, rows: std::iter::once(0..out_rows).collect(), hidden };
-        Ok(Some(Ran { step: step_out, verified, saved: step.saved.clone() }))
+        step.ran(&self.backend, 1, shape, &Layout::of(&row)).map(Some)
     }
 
     /// A step of two or more sequences of one shape (a token each, or verifications of as many
@@ -124,10 +130,8 @@ impl<B: Backend> Model<B> {
         let shape = StepShape { tokens: first.ids.len(), verify: first.verify, hidden };
         let same = seqs.iter().all(|s| s.ids.len() == shape.tokens && s.verify == shape.verify);
         let Some(&rows) = BATCH_ROWS.iter().find(|&&r| r >= n) else { return Ok(None) };
-        // Decode tokens or verifications (not prompt chunks); padding rows run their positions
-        // from 0 in one block.
-        let single = shape.verify || shape.tokens == 1;
-        if !same || !single || !self.backend.records() || shape.tokens > p.layout.block {
+        // Padding rows run their positions from 0 in one block.
+        if !same || !self.backend.records() || shape.tokens > p.layout.block {
             return Ok(None);
         }
         let key = (rows, shape);
@@ -177,19 +181,10 @@ impl<B: Backend> Model<B> {
                 }
             },
         };
-        // Equal lengths keep the caller's order: sequence i's rows are the layout's i-th, and
-        // its logits and hidden rows the i-th `out` rows of the step's.
-        let layout = Layout::of(&all);
+        let ran = step.ran(&self.backend, n, shape, &Layout::of(&all));
         drop(all);
-        let out = if shape.verify { shape.tokens } else { 1 };
-        let b = &self.backend;
-        let logits = b.slice_rows(&step.logits, 0, n * out)?;
-        let hidden = step.hidden.as_ref().map(|h| b.slice_rows(h, 0, n * shape.tokens)).transpose()?;
-        let verified = (0..n).map(|k| if shape.verify { layout.rows_of(k) } else { Vec::new() }).collect();
-        let saved = step.saved.clone();
         p.batch_steps.push((key, BatchStep::Step(step)));
-        let ranges = (0..n).map(|i| i * out..(i + 1) * out).collect();
-        Ok(Some(Ran { step: StepOutput { logits, rows: ranges, hidden }, verified, saved }))
+        ran.map(Some)
     }
 
     /// What a replay of `rows` (laid out as `layout`) over `p` is given: their ids and positions
