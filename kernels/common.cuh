@@ -131,6 +131,10 @@ struct WeightDesc {
     int k;
 };
 
+// The bit of an NVFP4 code word (nvfp4.cuh's layout) that holds element e's sign: bit 7 of byte e
+// for e < 4, bit 3 of byte e - 4 for the others (its magnitude is bits 4e .. 4e + 2).
+__device__ __forceinline__ int nv4_sign_bit(int e) { return e < 4 ? 8 * e + 7 : 8 * (e - 4) + 3; }
+
 // Weight element (row, j) as f32, for a weight of kind KIND.
 template <int KIND> __device__ __forceinline__ float w_at(const WeightDesc& w, long long row, int j) {
     if constexpr (KIND == DT_NVFP4) {
@@ -139,7 +143,7 @@ template <int KIND> __device__ __forceinline__ float w_at(const WeightDesc& w, l
         int r = row & 15, g = r & 7, h = r >> 3, jj = j % NV4_K, s = jj >> 4, kk = jj & 15;
         int c = (kk >> 1) & 3, e = 4 * h + 2 * (kk >> 3) + (kk & 1);
         unsigned word = ((const unsigned*)w.data)[tile * (NV4_ROWS * NV4_K / 8) + (4 * g + c) * 4 + s];
-        unsigned code = ((word >> (4 * e)) & 7u) | (((word >> (3 + 4 * (e >> 1) + 16 * (e & 1))) & 1u) << 3);
+        unsigned code = ((word >> (4 * e)) & 7u) | (((word >> nv4_sign_bit(e)) & 1u) << 3);
         unsigned char sc = ((const unsigned char*)w.scales)[tile * (NV4_ROWS * NV4_K / 16) + 8 * g + 4 * h + s];
         return e2m1(code) * (f8e4m3(sc) * w.global[0]);
     } else if constexpr (KIND == DT_FP8) {

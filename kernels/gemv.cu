@@ -256,20 +256,18 @@ extern "C" __global__ void gemv_bf16_t2(GemvParts p, const bf16* x, int t) { gem
 // rounds left too few bytes in flight. Each tile's B fragments are loaded with it (an MMA waiting
 // on its own input load serialised a round trip per k step). The warps' sums are added in a fixed
 // order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the
-// step (zeros past t); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3 row g + 8.
-template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
+// step (columns past t repeat the last token); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3
+// row g + 8.
+template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     constexpr int U = GEMV_NV4_TILES;
     __shared__ float part[GEMV_NV4_MAX_WARPS][NB][4][32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3, W = blockDim.x >> 5;
     int kt_n = nv4_k_tiles(w);
     long long tile0 = (long long)block * kt_n;
+    // Columns past t read the last token again: their sums are never stored.
     const bf16* xrow[NB];
-    bool x_ok[NB];
 #pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        x_ok[nb] = 8 * nb + g < t;
-        xrow[nb] = x + (x_ok[nb] ? (long long)(8 * nb + g) * w.k : 0) + 2 * c;
-    }
+    for (int nb = 0; nb < NB; nb++) xrow[nb] = x + (long long)min(8 * nb + g, t - 1) * w.k + 2 * c;
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; nb++)
@@ -292,12 +290,11 @@ template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const 
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int nb = 0; nb < NB; nb++)
-                if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, x_ok[nb], xb[u][nb]);
+                if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, xb[u][nb]);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int kt = kt0 + W * u;
-            if (kt >= kt_n) break;
-            nv4_tile_mma<NB>(acc, q[u], sc[u], kt * NV4_K, w.k, [&](int nb, int s, unsigned& b0, unsigned& b1) {
+            if (kt0 + W * u >= kt_n) break;
+            nv4_tile_mma<NB, COL0>(acc, q[u], sc[u], [&](int nb, int s, unsigned& b0, unsigned& b1) {
                 b0 = xb[u][nb][s][0];
                 b1 = xb[u][nb][s][1];
             });
@@ -320,12 +317,14 @@ template <int NB> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const 
         }
 }
 
-template <int NB> __device__ void gemv_nv4_parts(const GemvParts& p, const bf16* x, int t) {
+template <int NB, bool COL0> __device__ void gemv_nv4_parts(const GemvParts& p, const bf16* x, int t) {
     grid_dep_trigger();
     int part = part_of(p);
-    gemv_nv4<NB>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
+    gemv_nv4<NB, COL0>((void*)p.y[part], p.ld[part], p.f32_out, x, p.w[part], p.n[part], t, blockIdx.x - p.first_block[part]);
 }
 
-// Up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T; blocks of up to GEMV_NV4_MAX_WARPS warps.
-extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1>(p, x, t); }
-extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2>(p, x, t); }
+// One token (_t1: the MMA's column 0 alone), up to 8 tokens, or (_t16) up to GEMV_MMA_MAX_T;
+// blocks of up to GEMV_NV4_MAX_WARPS warps.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t1(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1, true>(p, x, t); }
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1, false>(p, x, t); }
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2, false>(p, x, t); }

@@ -201,23 +201,48 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
 
 // ---- NVFP4 experts on tensor cores (nvfp4.cuh's layout): a 16-row block of a weight per warp
 // and k tile, its lane's 16 bytes the A fragments of 4 k steps, the slot's one token the B
-// operand's column 0 (lanes g = 0; the other columns are zeros). The arithmetic per byte is then a
+// operand (every column the same token: only column 0 is kept). The arithmetic per byte is then a
 // few instructions, where decoding each code for a CUDA-core dot made these kernels issue-bound.
 // At batch 1 these kernels are bound by the latency of their loads: the warps of a block (limits.rs:
 // MOE_NV4_WARPS, MOE_NV4_DOWN_WARPS) and the tiles each has in flight (MOE_NV4_U, MOE_NV4_DOWN_U)
-// are sized so that a block's weights go in one round at Qwen3.5's shapes, and no MMA waits on a
-// load of its B operand (x in registers loaded with the weights; the down kernel's activations
-// staged in shared memory). ----
+// are sized so that a block's weights go in one round at Qwen3.5's shapes. The B operand (the
+// token's x, or its slots' SwiGLU activations rounded to bf16) is staged once a block in shared
+// memory in fragment order (nv4_stage_frags), two 16-byte reads a tile. ----
+
+// Stages `rows` rows of `k` inputs as B fragments: for row r, k tile kt and lane column c, the 8
+// words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h, + 1 as one
+// bf16 pair, `pair(r, input)`), 32 bytes at dst + 2 (4 (r kt_n + kt) + c); zeros past k. Every
+// thread of the block takes part; the caller syncs before reading.
+template <typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
+    int kt_n = (k + NV4_K - 1) / NV4_K, words = rows * kt_n * 32;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) {
+        int r = w / (kt_n * 32), kt = (w >> 5) % kt_n, c = (w >> 3) & 3, s = (w >> 1) & 3, h = w & 1;
+        int j = NV4_K * kt + 16 * s + 2 * c + 8 * h;
+        ((unsigned*)dst)[w] = j < k ? pair(r, j) : 0u;
+    }
+}
+
+// The B fragment of step s from a tile's two staged 16-byte reads.
+__device__ __forceinline__ void nv4_staged_b(const uint4 (&f)[2], int s, unsigned& b0, unsigned& b1) {
+    const uint4& v = f[s >> 1];
+    b0 = (s & 1) ? v.z : v.x;
+    b1 = (s & 1) ? v.w : v.y;
+}
+
+// Gate/up blocks an SM is to hold at once (the launch bound, limits.rs: MOE_NV4_SM_WARPS).
+#define MOE_NV4_MIN_BLOCKS (MOE_NV4_SM_WARPS / MOE_NV4_WARPS > 0 ? MOE_NV4_SM_WARPS / MOE_NV4_WARPS : 1)
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for units u of row block blockIdx.y of every
 // (token, slot) blockIdx.x (experts as moe_dec_gate_up's). Grid (t * slots, ceil(inter / 16)),
 // 32 MOE_NV4_WARPS threads: warp j takes the k tiles j, j + W, ... of both weights, MOE_NV4_U of
 // each at a time; the warps' sums are added in a fixed order. Each slot's first block writes the
-// slot's down matrix to down_desc, as moe_dec_gate_up does.
-extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x,
+// slot's down matrix to down_desc, as moe_dec_gate_up does. Dynamic shared memory: the token's x
+// as staged fragments, ceil(k / 64) * 128 bytes.
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLOCKS) moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x,
                                                                                     const WeightDesc* table, SharedDesc sh, int slots, int inter) {
     constexpr int W = MOE_NV4_WARPS, U = MOE_NV4_U;
     __shared__ float part[W][2][NV4_ROWS];
+    extern __shared__ uint4 nv4_x[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int tok = blockIdx.x / slots, rb = blockIdx.y;
     // The shared expert's blocks know their rows without the routing: their first round of
@@ -229,13 +254,11 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
     const WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
     bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
     if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
-    int kt_n = nv4_k_tiles(w[0]);
+    int k = w[0].k, kt_n = nv4_k_tiles(w[0]);
     long long tile0 = (long long)rb * kt_n;
-    const bf16* xr = x + (long long)tok * w[0].k + 2 * c;
     float acc[2][1][4] = {};
     uint4 q[U][2];
     uint2 sc[U][2];
-    unsigned xb[U][4][2];
     auto load_round = [&](int kt0) {
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -245,21 +268,19 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
     };
     load_round(warp);
     if (shared_slot) grid_dep_wait();
+    const bf16* xr = x + (long long)tok * k;
+    nv4_stage_frags(nv4_x, 1, k, [&](int, int j) { return *(const unsigned*)(xr + j); });
+    __syncthreads();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (kt0 + W * u < kt_n) nv4_x_frags(xr, (kt0 + W * u) * NV4_K, w[0].k, g == 0, xb[u]);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
             if (kt >= kt_n) break;
-            auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) {
-                b0 = xb[u][s][0];
-                b1 = xb[u][s][1];
-            };
+            const uint4 f[2] = {nv4_x[2 * (4 * kt + c)], nv4_x[2 * (4 * kt + c) + 1]};
+            auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); };
 #pragma unroll
-            for (int m = 0; m < 2; m++) nv4_tile_mma<1>(acc[m], q[u][m], sc[u][m], kt * NV4_K, w[m].k, b_frag);
+            for (int m = 0; m < 2; m++) nv4_tile_mma<1, true>(acc[m], q[u][m], sc[u][m], b_frag);
         }
     }
     // Column 0 (the token) is c0 (row g) and c2 (row g + 8) of the lanes with c = 0.
@@ -286,23 +307,18 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS) moe_dec_gate_up
 // row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 MOE_NV4_DOWN_WARPS
 // threads: the (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ...,
 // MOE_NV4_DOWN_U at a time, and the warps' sums are added in a fixed order. The token's
-// activations are staged in dynamic shared memory (slots * inter floats) while the first round of
-// weights loads, and rounded to bf16 for the tensor cores (as the grouped prefill's are).
+// activations are staged while the first round of weights loads, rounded to bf16 for the tensor
+// cores (as the grouped prefill's are). Dynamic shared memory: slots * ceil(inter / 64) * 128 bytes.
 extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc,
                                                                                        const float* slot_w, int t, int slots, int hidden, int inter) {
     constexpr int W = MOE_NV4_DOWN_WARPS, U = MOE_NV4_DOWN_U;
-    extern __shared__ float4 nv4_act[];
-    float* as = (float*)nv4_act;
+    extern __shared__ uint4 nv4_act[];
     __shared__ WeightDesc dn[ROUTE_MAX_K + 1];
     __shared__ float mul[ROUTE_MAX_K + 1];
     __shared__ float part[W][NV4_ROWS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int rb = blockIdx.x, tok = blockIdx.y;
     grid_dep_wait();
-    // The token's activations, every copy in flight at once, while the descriptors load.
-    const float4* src = (const float4*)(act + (long long)tok * slots * inter);
-    for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
-    cp_async_commit();
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         dn[s] = down_desc[tok * slots + s];
         mul[s] = slot_w[tok * slots + s] * dn[s].global[0];
@@ -325,24 +341,24 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_do
         }
     };
     load_round(warp);
-    cp_async_wait<0>();
-    __syncthreads();  // the activations are in shared memory
+    // The token's activations while the first round of weights is in flight.
+    const float* a = act + (long long)tok * slots * inter;
+    nv4_stage_frags(nv4_act, slots, inter, [&](int r, int j) {
+        float2 v = *(const float2*)(a + (long long)r * inter + j);
+        return pack_bf16(v.x, v.y);
+    });
+    __syncthreads();
     for (int i0 = warp; i0 < items; i0 += W * U) {
         if (i0 != warp) load_round(i0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (i0 + W * u >= items) break;
-            const float* a = as + sl[u] * inter + kt[u] * NV4_K + 2 * c;
-            auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) {
-                float2 lo = g == 0 ? *(const float2*)(a + 16 * s) : make_float2(0.0f, 0.0f);
-                float2 hi = g == 0 ? *(const float2*)(a + 16 * s + 8) : make_float2(0.0f, 0.0f);
-                b0 = pack_bf16(lo.x, lo.y);
-                b1 = pack_bf16(hi.x, hi.y);
-            };
+            int at = 2 * (4 * (sl[u] * kt_n + kt[u]) + c);
+            const uint4 f[2] = {nv4_act[at], nv4_act[at + 1]};
             float d[1][4] = {};
-            nv4_tile_mma<1>(d, q[u], sc[u], kt[u] * NV4_K, inter, b_frag);
-#pragma unroll
-            for (int x = 0; x < 4; x++) acc[x] += mul[sl[u]] * d[0][x];
+            nv4_tile_mma<1, true>(d, q[u], sc[u], [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); });
+            acc[0] += mul[sl[u]] * d[0][0];
+            acc[2] += mul[sl[u]] * d[0][2];
         }
     }
     if (c == 0) {

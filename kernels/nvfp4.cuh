@@ -10,9 +10,10 @@
 // step s (inputs 16 s .. 16 s + 15 of the tile): the 8 codes the lane holds of an mma m16n8k16
 // fragment of rows (g, g + 8) x inputs (2c, 2c + 1, 2c + 8, 2c + 9). Element e (0..7) of a word is
 // row g + 8 (e >> 2), input 16 s + 2c + 8 ((e >> 1) & 1) + (e & 1); its magnitude sits in bits
-// 4e .. 4e + 2 and its sign at bit 3 + 4 (e >> 1) + 16 (e & 1), where one shift puts it on the sign
-// bit of its bf16 (nv4_decode). One 16-byte load per lane thus gives a warp a 16 x 64 block with
-// no shuffle: as the A operand (weight rows as M), or as two B fragments (rows g and g + 8 as N).
+// 4e .. 4e + 2 and its sign at nv4_sign_bit(e) (common.cuh): bit 7 of byte e for e < 4, bit 3 of
+// byte e - 4 otherwise, from where it lands on the sign bit of its bf16's high byte (nv4_codes).
+// One 16-byte load per lane thus gives a warp a 16 x 64 block with no shuffle: as the A operand
+// (weight rows as M), or as two B fragments (rows g and g + 8 as N).
 // A tile's scales: byte 8 g + 4 h + s is the fp8 scale of row 8 h + g for step s, so a lane's 8
 // bytes at 8 g are its two rows' four steps.
 //
@@ -49,30 +50,31 @@ __device__ __forceinline__ void nv4_scales(unsigned sc, unsigned* s) {
     }
 }
 
-// The 8 codes of one word (layout above) as bf16 pairs times their rows' scales: lo = row g's
-// (inputs 2c, 2c + 1 | 2c + 8, 2c + 9) times sa, hi = row g + 8's times sb. Magnitudes go through
-// two byte tables (low and high bytes of the bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6), signs are
-// shifted onto bits 15 and 31.
-__device__ __forceinline__ void nv4_decode(unsigned q, unsigned sa, unsigned sb, unsigned* lo, unsigned* hi) {
-    const unsigned lo_a = 0xC0800000u, lo_b = 0xC0804000u, hi_a = 0x3F3F3F00u, hi_b = 0x40404040u;
-    unsigned m = q & 0x77777777u;
-    unsigned l0 = prmt(lo_a, lo_b, m), h0 = prmt(hi_a, hi_b, m);
-    unsigned l1 = prmt(lo_a, lo_b, m >> 16), h1 = prmt(hi_a, hi_b, m >> 16);
-    const unsigned sign = 0x80008000u;
-    lo[0] = mul_bf16x2(prmt(l0, h0, 0x5140) | ((q << 12) & sign), sa);
-    lo[1] = mul_bf16x2(prmt(l0, h0, 0x7362) | ((q << 8) & sign), sa);
-    hi[0] = mul_bf16x2(prmt(l1, h1, 0x5140) | ((q << 4) & sign), sb);
-    hi[1] = mul_bf16x2(prmt(l1, h1, 0x7362) | (q & sign), sb);
+// The 8 codes of one word (layout above) as bf16 pairs, unscaled, in A fragment order: a[0] =
+// elements 0, 1 (row g, inputs 2c, 2c + 1), a[1] = 4, 5 (row g + 8), a[2] = 2, 3 (row g, inputs
+// 2c + 8, 2c + 9), a[3] = 6, 7. Magnitudes go through two byte tables (low and high bytes of the
+// bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6), four codes a lookup; the signs are or-ed onto the high
+// bytes, which the last four byte permutes pair with the low ones.
+__device__ __forceinline__ void nv4_codes(unsigned q, unsigned* a) {
+    const unsigned lo_a = 0xC0800000u, lo_b = 0xC0804000u, hi_a = 0x3F3F3F00u, hi_b = 0x40404040u, sign = 0x80808080u;
+    unsigned m = q & 0x77777777u;  // a selector nibble's bit 3 would replicate a sign instead
+    unsigned l0 = prmt(lo_a, lo_b, m), h0 = prmt(hi_a, hi_b, m) | (q & sign);
+    unsigned l1 = prmt(lo_a, lo_b, m >> 16), h1 = prmt(hi_a, hi_b, m >> 16) | ((q << 4) & sign);
+    a[0] = prmt(l0, h0, 0x5140);
+    a[2] = prmt(l0, h0, 0x7362);
+    a[1] = prmt(l1, h1, 0x5140);
+    a[3] = prmt(l1, h1, 0x7362);
 }
 
-// One word as the A fragment of an m16n8k16 MMA (rows g, g + 8 of the tile as M).
-__device__ __forceinline__ void nv4_a_frag(unsigned q, unsigned sa, unsigned sb, unsigned* a) {
-    unsigned lo[2], hi[2];
-    nv4_decode(q, sa, sb, lo, hi);
-    a[0] = lo[0];
-    a[1] = hi[0];
-    a[2] = lo[1];
-    a[3] = hi[1];
+// nv4_codes times the rows' scales (exact: see Numerics): lo = row g's pairs (inputs 2c, 2c + 1 |
+// 2c + 8, 2c + 9) times sa, hi = row g + 8's times sb, as the prefill kernels' B fragments take them.
+__device__ __forceinline__ void nv4_decode(unsigned q, unsigned sa, unsigned sb, unsigned* lo, unsigned* hi) {
+    unsigned a[4];
+    nv4_codes(q, a);
+    lo[0] = mul_bf16x2(a[0], sa);
+    lo[1] = mul_bf16x2(a[2], sa);
+    hi[0] = mul_bf16x2(a[1], sb);
+    hi[1] = mul_bf16x2(a[3], sb);
 }
 
 // 8 bytes of weights (a lane's tile scales), streamed like ld_stream's 16.
@@ -93,36 +95,54 @@ __device__ __forceinline__ int nv4_k_tiles(const WeightDesc& w) { return (w.k + 
 
 // Lane (g, c)'s B fragments of the 4 k steps of the tile at input k0 of the bf16 row `xr` (which
 // points at the row's input 2c): step s's inputs 16 s + 2c, + 1 and 16 s + 2c + 8, + 9; zeros
-// when !ok and for steps at or past k (the last tile of a row may be partial). Loaded once with
-// the tile's weights, so no MMA waits on a load of its own.
-__device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, bool ok, unsigned (&b)[4][2]) {
+// for steps at or past k (the last tile of a row may be partial; its codes there are zeros, and so
+// must the inputs be). Loaded once with the tile's weights, so no MMA waits on a load of its own.
+__device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, unsigned (&b)[4][2]) {
+    bool whole = k0 + NV4_K <= k;
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        bool in = ok && k0 + 16 * s < k;
+        bool in = whole || k0 + 16 * s < k;
         b[s][0] = in ? *(const unsigned*)(xr + k0 + 16 * s) : 0u;
         b[s][1] = in ? *(const unsigned*)(xr + k0 + 16 * s + 8) : 0u;
     }
 }
 
-// c += W_tile(16 rows) . B over the k steps of one tile that lie inside k (the last tile of a row
-// may be partial: its steps past k hold zero codes, and the B operand has no inputs there). `b(nb,
-// s, b0, b1)` gives this lane's B fragment registers of column tile nb for step s (inputs k0 + 16 s
-// .. k0 + 16 s + 15); NB column tiles share each decoded A fragment.
-template <int NB, typename BFrag>
-__device__ __forceinline__ void nv4_tile_mma(float (*c)[4], uint4 q, uint2 sc, int k0, int k, BFrag b) {
-    unsigned sg[4], sg8[4], qw[4] = {q.x, q.y, q.z, q.w};
-    nv4_scales(sc.x, sg);
-    nv4_scales(sc.y, sg8);
+// The tile's scales (a lane's 8 bytes, nv4_load) as f32, exactly (e4m3 -> f16 -> f32): s[st] is
+// row g's at k step st, s[4 + st] row g + 8's.
+__device__ __forceinline__ void nv4_scales_f32(uint2 sc, float (&s)[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned h2, word = i < 2 ? sc.x : sc.y;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(word >> (16 * (i & 1)))));
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(s[2 * i]), "=f"(s[2 * i + 1]) : "r"(h2));
+    }
+}
+
+// c += W_tile(16 rows) . B over the tile's 4 k steps (steps past a row's k hold zero codes, and
+// the B operand must be zero there). `b(nb, s, b0, b1)` gives this lane's B fragment registers of
+// column tile nb for step s (inputs k0 + 16 s .. k0 + 16 s + 15); NB column tiles share each
+// decoded A fragment. A step is one scale group of each row, so its codes go to the tensor cores
+// unscaled and its product is scaled in f32: fewer instructions than scaling every code pair.
+// COL0: only the MMA's column 0 (one token) is wanted: c[nb][0] (row g) and c[nb][2] (row g + 8)
+// of the lanes with c = 0; the odd accumulators are left alone.
+template <int NB, bool COL0, typename BFrag>
+__device__ __forceinline__ void nv4_tile_mma(float (*c)[4], uint4 q, uint2 sc, BFrag b) {
+    float sf[8];
+    nv4_scales_f32(sc, sf);
+    const unsigned qw[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        if (k0 + 16 * s >= k) break;
         unsigned a[4];
-        nv4_a_frag(qw[s], sg[s], sg8[s], a);
+        nv4_codes(qw[s], a);
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
             unsigned b0, b1;
             b(nb, s, b0, b1);
-            mma_bf16(c[nb], a, b0, b1);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_bf16(d, a, b0, b1);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (!COL0 || !(i & 1)) c[nb][i] += sf[s + 4 * (i >> 1)] * d[i];
         }
     }
 }

@@ -30,7 +30,7 @@ extern "C" __global__ void nvfp4_repack(unsigned char* codes_out, unsigned char*
             code = (col & 1) ? byte >> 4 : byte & 15u;
         }
         word |= (code & 7u) << (4 * e);
-        word |= (code >> 3) << (3 + 4 * (e >> 1) + 16 * (e & 1));
+        word |= (code >> 3) << nv4_sign_bit(e);
     }
     ((unsigned*)(codes_out + tile * NV4_CODE_BYTES))[4 * lane + s] = word;
     if (tid < NV4_SCALE_BYTES) {

@@ -84,6 +84,10 @@ shared! {
     MOE_NV4_U: usize = 4;
     MOE_NV4_DOWN_WARPS: usize = 8;
     MOE_NV4_DOWN_U: usize = 9;
+    /// Warps of MoE gate/up blocks the NVFP4 kernel's registers leave room for on one SM (its
+    /// launch bound: MOE_NV4_SM_WARPS / MOE_NV4_WARPS blocks): 24 lets all 288 blocks of
+    /// Qwen3.5's 8 + 1 slots be resident at once (80 registers a thread).
+    MOE_NV4_SM_WARPS: usize = 24;
     /// NVFP4 on tensor cores for prefill (w4a16.cu): weight rows of a block's tile (8 row blocks),
     /// pipeline stages, and a grouped MoE tile's 32-slot row groups (32 * W4_MOE_MI slots a tile).
     W4_BN: usize = 128;

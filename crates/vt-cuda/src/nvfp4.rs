@@ -61,6 +61,15 @@ pub(crate) fn device_parts(
 pub(crate) mod host {
     use super::{tiles, CODE_BYTES, NV4_K, NV4_ROWS, SCALE_BYTES};
 
+    /// `nv4_sign_bit` (kernels/common.cuh): the word bit of element e's sign.
+    pub(crate) fn sign_bit(e: usize) -> usize {
+        if e < 4 {
+            8 * e + 7
+        } else {
+            8 * (e - 4) + 3
+        }
+    }
+
     /// nvfp4_repack on the host: for each tile, lane (g, c) and step s, the word of the 8 codes of
     /// the lane's fragment elements e (row g + 8 (e >> 2), input 16 s + 2c + 8 ((e >> 1) & 1) +
     /// (e & 1)); scale byte 8 g + 4 h + s for row 8 h + g, step s.
@@ -79,7 +88,7 @@ pub(crate) mod host {
                         let code =
                             if row < n && col < k { (codes[row * k / 2 + col / 2] >> (4 * (col & 1))) & 15 } else { 0 };
                         word |= u32::from(code & 7) << (4 * e);
-                        word |= u32::from(code >> 3) << (3 + 4 * (e >> 1) + 16 * (e & 1));
+                        word |= u32::from(code >> 3) << sign_bit(e);
                     }
                     let at = tile * CODE_BYTES + 16 * lane + 4 * s;
                     co[at..at + 4].copy_from_slice(&word.to_le_bytes());
@@ -103,7 +112,7 @@ pub(crate) mod host {
         let (c, e) = ((kk >> 1) & 3, 4 * h + 2 * (kk >> 3) + (kk & 1));
         let w = tile * (NV4_ROWS * NV4_K / 8) + (4 * g + c) * 4 + s;
         let word = u32::from_le_bytes(codes[4 * w..4 * w + 4].try_into().unwrap());
-        let code = ((word >> (4 * e)) & 7) | (((word >> (3 + 4 * (e >> 1) + 16 * (e & 1))) & 1) << 3);
+        let code = ((word >> (4 * e)) & 7) | (((word >> sign_bit(e)) & 1) << 3);
         (code as u8, scales[tile * (NV4_ROWS * NV4_K / 16) + 8 * g + 4 * h + s])
     }
 }
@@ -160,10 +169,11 @@ mod tests {
         }
     }
 
-    /// What nv4_decode (kernels/nvfp4.cuh) makes of a word is the mma m16n8k16 A fragment of the
+    /// What nv4_codes (kernels/nvfp4.cuh) makes of a word is the mma m16n8k16 A fragment of the
     /// lane (PTX ISA: a0 row g, inputs 2c, 2c + 1; a1 row g + 8; a2 row g, inputs 2c + 8, 2c + 9;
-    /// a3 row g + 8): its halves, read as the decode reads nibbles (magnitude of nibble i, sign from
-    /// the bit each output's shift puts on bit 15 / 31), are the codes of those elements.
+    /// a3 row g + 8), read as the decode reads the word: the byte lookups take nibbles 0-3 (low
+    /// halves' pair a0, a2) and 4-7 (a1, a3) with the signs or-ed on from the high bits of `q &
+    /// 0x80808080` and of `(q << 4) & 0x80808080`, one per byte.
     #[test]
     fn a_decoded_word_is_the_lanes_a_fragment() {
         let (n, k) = (16, 64);
@@ -174,18 +184,13 @@ mod tests {
             let (g, c) = (lane / 4, lane % 4);
             for s in 0..4 {
                 let q = u32::from_le_bytes(co[16 * lane + 4 * s..][..4].try_into().unwrap());
-                // nv4_decode: lo[0] = nibbles 0, 1 with signs from (q << 12); lo[1] = nibbles 2, 3,
-                // (q << 8); hi[0] = nibbles 4, 5, (q << 4); hi[1] = nibbles 6, 7, q.
-                let half = |nib: u32, shift: u32, hi: bool| {
-                    let sign = ((q << shift) >> if hi { 31 } else { 15 }) & 1;
-                    (((q >> (4 * nib)) & 7) | (sign << 3)) as u8
+                // Nibble nib's code: its magnitude, and the sign bit of byte nib % 4 of the
+                // or-ed sign word (q for nibbles 0-3, q << 4 for 4-7).
+                let code = |nib: u32| {
+                    let signs = if nib < 4 { q } else { q << 4 };
+                    (((q >> (4 * nib)) & 7) | (((signs >> (8 * (nib % 4) + 7)) & 1) << 3)) as u8
                 };
-                let regs = [
-                    [half(0, 12, false), half(1, 12, true)],
-                    [half(4, 4, false), half(5, 4, true)],
-                    [half(2, 8, false), half(3, 8, true)],
-                    [half(6, 0, false), half(7, 0, true)],
-                ];
+                let regs = [[code(0), code(1)], [code(4), code(5)], [code(2), code(3)], [code(6), code(7)]];
                 for (i, reg) in regs.iter().enumerate() {
                     let (row, j0) = (g + 8 * (i & 1), 16 * s + 2 * c + 8 * (i >> 1));
                     assert_eq!(*reg, [code_of(row, j0), code_of(row, j0 + 1)], "lane {lane} step {s} a{i}");

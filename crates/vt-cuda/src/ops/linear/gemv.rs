@@ -82,7 +82,11 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
         Weight::Nvfp4(_) => {
             let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
             Some(Tiling {
-                f: if t > GEMV_MAX_T { &kf.gemv_nvfp4_t16 } else { &kf.gemv_nvfp4 },
+                f: match t {
+                    1 => &kf.gemv_nvfp4_t1,
+                    _ if t > GEMV_MAX_T => &kf.gemv_nvfp4_t16,
+                    _ => &kf.gemv_nvfp4,
+                },
                 group_rows: NV4_ROWS,
                 warps,
                 ks: warps,
@@ -201,11 +205,10 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     };
     // SAFETY: gemv_bf16(_t1, _t2)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
     // block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows;
-    // gemv_nvfp4(_t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block (kernel_for,
-    // the kernels' own number); part i
-    // owns blocks first_block[i].. covering its n[i] rows (for NVFP4, row blocks < ceil(n[i] / 16)
-    // of its tiled layout, nvfp4.rs); t <= GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <=
-    // GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
+    // gemv_nvfp4(_t1, _t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block
+    // (kernel_for, the kernels' own number); part i owns blocks first_block[i].. covering its n[i]
+    // rows (for NVFP4, row blocks < ceil(n[i] / 16) of its tiled layout, nvfp4.rs); 1 <= t <=
+    // GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
     // are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels;
     // NVFP4 reads whole tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
     // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).

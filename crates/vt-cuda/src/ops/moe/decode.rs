@@ -16,7 +16,7 @@ use crate::device::{CudaBackend, CudaTensor};
 use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
-use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
+use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_K, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
 
@@ -25,9 +25,16 @@ use crate::weight::WeightDesc;
 const DOWN_STATIC_SHARED: usize = MOE_DEC_MAX_T * (ROUTE_MAX_K + 1) * (std::mem::size_of::<WeightDesc>() + 4);
 
 /// Whether the down kernels can stage a token's `slots` activation rows of `inter` floats in the
-/// dynamic shared memory a block may use on this device (`max_shared`).
+/// dynamic shared memory a block may use on this device (`max_shared`). NVFP4 stages them as bf16
+/// fragments in whole 64-input tiles (`nv4_frag_bytes`), never more bytes than this bound.
 fn staged_fits(slots: usize, inter: usize, max_shared: usize) -> bool {
-    4 * slots * inter + DOWN_STATIC_SHARED <= max_shared
+    4 * slots * inter.max(NV4_K) + DOWN_STATIC_SHARED <= max_shared
+}
+
+/// Bytes of `rows` rows of `k` inputs staged as NVFP4 B fragments (kernels/moe_decode.cu:
+/// nv4_stage_frags): 128 a 64-input tile, the last one padded.
+fn nv4_frag_bytes(rows: usize, k: usize) -> usize {
+    rows * k.div_ceil(NV4_K) * 128
 }
 
 /// `struct SharedDesc` of kernels/moe_decode.cu.
@@ -205,10 +212,15 @@ pub(crate) fn moe_block(
     };
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
+    // NVFP4 stages the token's x as B fragments (kernels/moe_decode.cu: nv4_stage_frags).
+    let x_frags = if fp4 { nv4_frag_bytes(1, h) } else { 0 };
+    if fp4 {
+        allow_shared(gate_up, x_frags, "moe_dec_gate_up")?;
+    }
     let cfg = LaunchConfig {
         grid_dim: ((t * slots) as u32, inter.div_ceil(units) as u32, 1),
         block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: x_frags as u32,
     };
     // SAFETY: moe_dec_gate_up_*(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16*
     // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter /
@@ -216,13 +228,15 @@ pub(crate) fn moe_block(
     // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
     // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
     // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter floats
-    // and down_desc t * slots descs (8-byte aligned: the scratch's start).
+    // and down_desc t * slots descs (8-byte aligned: the scratch's start); NVFP4: dynamic shared
+    // memory for ceil(h / 64) * 128 bytes (allowed above).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
-    // Both stage a token's activations in dynamic shared memory. bf16: one resident wave
-    // (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of kernels/moe_decode.cu), no more blocks than output
-    // rows. NVFP4: a block of MOE_NV4_DOWN_WARPS warps per (16-row block of the output, token).
-    let staged = 4 * slots * inter;
+    // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
+    // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
+    // kernels/moe_decode.cu), no more blocks than output rows. NVFP4: a block of
+    // MOE_NV4_DOWN_WARPS warps per (16-row block of the output, token).
+    let staged = if fp4 { nv4_frag_bytes(slots, inter) } else { 4 * slots * inter };
     let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
         (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps)
@@ -235,8 +249,8 @@ pub(crate) fn moe_block(
     let mut l = Overlapped::new(b, down);
     l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
-    // slot_w, int t, int slots, int hidden, int inter): slots * inter floats of dynamic shared
-    // memory (allowed above); bf16: MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS
+    // slot_w, int t, int slots, int hidden, int inter): dynamic shared memory for slots * inter
+    // floats (bf16) or slots * ceil(inter / 64) * 128 bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS
     // (the kernel's own number), grid (ceil(h / 16), t),
     // row blocks < ceil(h / 16) of each down matrix's tiled layout; down_desc holds the t * slots
     // slots' down matrices [h, inter] (written on this stream before, by the gate/up kernel),
