@@ -254,13 +254,15 @@ extern "C" __global__ void gemv_bf16_t2(GemvParts p, const bf16* x, int t) { gem
 // GEMV_NV4_TILES at a time, so that a row block's tiles are in flight at once: at batch 1 these
 // layers are bound by the latency of their loads, and a block of 4 warps streaming k = 4096 in
 // rounds left too few bytes in flight. Each tile's B fragments are loaded with it (an MMA waiting
-// on its own input load serialised a round trip per k step). The warps' sums are added in a fixed
+// on its own input load serialised a round trip per k step; one token's come from shared memory,
+// where each block stages x once as B fragments: nv4_stage_frags). The warps' sums are added in a fixed
 // order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the
 // step (columns past t repeat the last token); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3
 // row g + 8.
 template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     constexpr int U = GEMV_NV4_TILES;
     __shared__ float part[GEMV_NV4_MAX_WARPS][NB][4][32];
+    extern __shared__ uint4 nv4_x[];  // COL0: the token's x as staged B fragments
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3, W = blockDim.x >> 5;
     int kt_n = nv4_k_tiles(w);
     long long tile0 = (long long)block * kt_n;
@@ -284,20 +286,32 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
     // The first round of weights is in flight before the previous kernel (which writes x) ends.
     load_round(warp);
     grid_dep_wait();
+    if constexpr (COL0) {
+        nv4_stage_frags(nv4_x, 1, w.k, [&](int, int j) { return *(const unsigned*)(x + j); });
+        __syncthreads();
+    }
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
+        if constexpr (!COL0)
 #pragma unroll
-        for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-                if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, xb[u][nb]);
+                for (int nb = 0; nb < NB; nb++)
+                    if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, xb[u][nb]);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (kt0 + W * u >= kt_n) break;
-            nv4_tile_mma<NB, COL0>(acc, q[u], sc[u], [&](int nb, int s, unsigned& b0, unsigned& b1) {
-                b0 = xb[u][nb][s][0];
-                b1 = xb[u][nb][s][1];
-            });
+            int kt = kt0 + W * u;
+            if (kt >= kt_n) break;
+            if constexpr (COL0) {
+                uint4 f[2];
+                nv4_staged_tile(nv4_x, kt, c, f);
+                nv4_tile_mma<1, true>(acc, q[u], sc[u], [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); });
+            } else {
+                nv4_tile_mma<NB, false>(acc, q[u], sc[u], [&](int nb, int s, unsigned& b0, unsigned& b1) {
+                    b0 = xb[u][nb][s][0];
+                    b1 = xb[u][nb][s][1];
+                });
+            }
         }
     }
 #pragma unroll

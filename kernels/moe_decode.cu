@@ -207,27 +207,7 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
 // MOE_NV4_WARPS, MOE_NV4_DOWN_WARPS) and the tiles each has in flight (MOE_NV4_U, MOE_NV4_DOWN_U)
 // are sized so that a block's weights go in one round at Qwen3.5's shapes. The B operand (the
 // token's x, or its slots' SwiGLU activations rounded to bf16) is staged once a block in shared
-// memory in fragment order (nv4_stage_frags), two 16-byte reads a tile. ----
-
-// Stages `rows` rows of `k` inputs as B fragments: for row r, k tile kt and lane column c, the 8
-// words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h, + 1 as one
-// bf16 pair, `pair(r, input)`), 32 bytes at dst + 2 (4 (r kt_n + kt) + c); zeros past k. Every
-// thread of the block takes part; the caller syncs before reading.
-template <typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
-    int kt_n = (k + NV4_K - 1) / NV4_K, words = rows * kt_n * 32;
-    for (int w = threadIdx.x; w < words; w += blockDim.x) {
-        int r = w / (kt_n * 32), kt = (w >> 5) % kt_n, c = (w >> 3) & 3, s = (w >> 1) & 3, h = w & 1;
-        int j = NV4_K * kt + 16 * s + 2 * c + 8 * h;
-        ((unsigned*)dst)[w] = j < k ? pair(r, j) : 0u;
-    }
-}
-
-// The B fragment of step s from a tile's two staged 16-byte reads.
-__device__ __forceinline__ void nv4_staged_b(const uint4 (&f)[2], int s, unsigned& b0, unsigned& b1) {
-    const uint4& v = f[s >> 1];
-    b0 = (s & 1) ? v.z : v.x;
-    b1 = (s & 1) ? v.w : v.y;
-}
+// memory in fragment order (nvfp4.cuh: nv4_stage_frags), two 16-byte reads a tile. ----
 
 // Gate/up blocks an SM is to hold at once (the launch bound, limits.rs: MOE_NV4_SM_WARPS).
 #define MOE_NV4_MIN_BLOCKS (MOE_NV4_SM_WARPS / MOE_NV4_WARPS > 0 ? MOE_NV4_SM_WARPS / MOE_NV4_WARPS : 1)
@@ -277,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
             if (kt >= kt_n) break;
-            const uint4 f[2] = {nv4_x[2 * (4 * kt + c)], nv4_x[2 * (4 * kt + c) + 1]};
+            uint4 f[2];
+            nv4_staged_tile(nv4_x, kt, c, f);
             auto b_frag = [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); };
 #pragma unroll
             for (int m = 0; m < 2; m++) nv4_tile_mma<1, true>(acc[m], q[u][m], sc[u][m], b_frag);
@@ -353,8 +334,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_do
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (i0 + W * u >= items) break;
-            int at = 2 * (4 * (sl[u] * kt_n + kt[u]) + c);
-            const uint4 f[2] = {nv4_act[at], nv4_act[at + 1]};
+            uint4 f[2];
+            nv4_staged_tile(nv4_act, sl[u] * kt_n + kt[u], c, f);
             float d[1][4] = {};
             nv4_tile_mma<1, true>(d, q[u], sc[u], [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); });
             acc[0] += mul[sl[u]] * d[0][0];

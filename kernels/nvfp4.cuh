@@ -107,6 +107,32 @@ __device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, unsig
     }
 }
 
+// Stages `rows` rows of `k` inputs as B fragments: for row r, k tile kt and lane column c, the 8
+// words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h, + 1 as one
+// bf16 pair, `pair(r, input)`), 32 bytes at dst + 2 (4 (r kt_n + kt) + c); zeros past k. Every
+// thread of the block takes part; the caller syncs before reading.
+template <typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
+    int kt_n = (k + NV4_K - 1) / NV4_K, words = rows * kt_n * 32;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) {
+        int r = w / (kt_n * 32), kt = (w >> 5) % kt_n, c = (w >> 3) & 3, s = (w >> 1) & 3, h = w & 1;
+        int j = NV4_K * kt + 16 * s + 2 * c + 8 * h;
+        ((unsigned*)dst)[w] = j < k ? pair(r, j) : 0u;
+    }
+}
+
+// Lane column c's two 16-byte reads of staged tile `tile` (row r's k tile kt: r * kt_n + kt).
+__device__ __forceinline__ void nv4_staged_tile(const uint4* st, int tile, int c, uint4 (&f)[2]) {
+    f[0] = st[2 * (4 * tile + c)];
+    f[1] = st[2 * (4 * tile + c) + 1];
+}
+
+// The B fragment of step s from a tile's two staged 16-byte reads.
+__device__ __forceinline__ void nv4_staged_b(const uint4 (&f)[2], int s, unsigned& b0, unsigned& b1) {
+    const uint4& v = f[s >> 1];
+    b0 = (s & 1) ? v.z : v.x;
+    b1 = (s & 1) ? v.w : v.y;
+}
+
 // The tile's scales (a lane's 8 bytes, nv4_load) as f32, exactly (e4m3 -> f16 -> f32): s[st] is
 // row g's at k step st, s[4 + st] row g + 8's.
 __device__ __forceinline__ void nv4_scales_f32(uint2 sc, float (&s)[8]) {

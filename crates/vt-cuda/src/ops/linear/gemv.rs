@@ -10,6 +10,7 @@ use crate::device::CudaBackend;
 use crate::error::{check, err};
 use crate::launch::{i32_of, Overlapped};
 use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS, NV4_K, NV4_ROWS};
+use crate::nvfp4::frag_bytes;
 use crate::weight::WeightDesc;
 
 // A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
@@ -56,7 +57,12 @@ struct Tiling<'a> {
     group_rows: usize,
     warps: usize,
     ks: usize,
+    /// Dynamic shared memory a block takes (gemv_nvfp4_t1's staged x).
+    shared: usize,
 }
+
+/// Dynamic shared memory any launch may take without opting in.
+const DEFAULT_SHARED: usize = 48 * 1024;
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
 /// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one and two tokens have
@@ -74,23 +80,21 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
             b if b < SPLIT_2_BELOW => 2,
             _ => 1,
         };
-        Some(Tiling { f, group_rows: GEMV_ROWS, warps: 4, ks })
+        Some(Tiling { f, group_rows: GEMV_ROWS, warps: 4, ks, shared: 0 })
     };
     let kf = b.k();
     match w {
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
         Weight::Nvfp4(_) => {
             let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
-            Some(Tiling {
-                f: match t {
-                    1 => &kf.gemv_nvfp4_t1,
-                    _ if t > GEMV_MAX_T => &kf.gemv_nvfp4_t16,
-                    _ => &kf.gemv_nvfp4,
-                },
-                group_rows: NV4_ROWS,
-                warps,
-                ks: warps,
-            })
+            // One token stages x in shared memory (up to 24k inputs: no opt-in needed).
+            let staged = frag_bytes(1, k);
+            let (f, shared) = match t {
+                1 if staged <= DEFAULT_SHARED => (&kf.gemv_nvfp4_t1, staged),
+                _ if t > GEMV_MAX_T => (&kf.gemv_nvfp4_t16, 0),
+                _ => (&kf.gemv_nvfp4, 0),
+            };
+            Some(Tiling { f, group_rows: NV4_ROWS, warps, ks: warps, shared })
         }
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
             let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
@@ -99,7 +103,7 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
                 (true, true) => (&kf.gemv_bf16_mma2_t16, 2),
                 (false, true) => (&kf.gemv_bf16_mma1_t16, 1),
             };
-            Some(Tiling { f, group_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS })
+            Some(Tiling { f, group_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS, shared: 0 })
         }
         _ if t > GEMV_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => cores(match t {
@@ -169,7 +173,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let tiling =
         plan(b, t, &ws).ok_or_else(|| err(format!("linear: no GEMV kernel takes these weights at {t} tokens")))?;
     let first = ws[0];
-    let Tiling { f, group_rows, warps, ks } = tiling;
+    let Tiling { f, group_rows, warps, ks, shared } = tiling;
     let mut p = GemvParts {
         w: [WeightDesc::of(first, "linear")?; GEMV_MAX_PARTS],
         y: [0; GEMV_MAX_PARTS],
@@ -201,16 +205,18 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let cfg = LaunchConfig {
         grid_dim: (u32::try_from(blocks).map_err(|_| err("linear: too many rows"))?, 1, 1),
         block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: shared as u32,
     };
     // SAFETY: gemv_bf16(_t1, _t2)(GemvParts p, const bf16* x, int t): 128 threads, 8 / ks rows per
     // block; gemv_bf16_mma{1,2}(_t16)(same): GEMV_MMA_WARPS (= ks) warps on 16 or 32 rows;
     // gemv_nvfp4(_t1, _t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block
     // (kernel_for, the kernels' own number); part i owns blocks first_block[i].. covering its n[i]
     // rows (for NVFP4, row blocks < ceil(n[i] / 16) of its tiled layout, nvfp4.rs); 1 <= t <=
-    // GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for _t16); every desc describes a live [n_i, k] weight of this kernel's format whose bf16 rows
-    // are whole chunks of its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels;
-    // NVFP4 reads whole tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
+    // GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for _t16); gemv_nvfp4_t1 has its
+    // staged x's frag_bytes(1, k) of dynamic shared memory (at most the default 48 KB); every desc
+    // describes a live [n_i, k] weight of this kernel's format whose bf16 rows are whole chunks of
+    // its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels; NVFP4 reads whole
+    // tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
     // n[i]: bf16 outputs are [t, n[i]], the logits' parts are columns of one [t, ld] f32 buffer).
     // The kernel reads only weights before grid_dep_wait.
     unsafe { l.launch(cfg, "gemv") }

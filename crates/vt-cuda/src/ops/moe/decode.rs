@@ -17,6 +17,7 @@ use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
 use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_K, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
+use crate::nvfp4::frag_bytes;
 use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
 
@@ -26,15 +27,9 @@ const DOWN_STATIC_SHARED: usize = MOE_DEC_MAX_T * (ROUTE_MAX_K + 1) * (std::mem:
 
 /// Whether the down kernels can stage a token's `slots` activation rows of `inter` floats in the
 /// dynamic shared memory a block may use on this device (`max_shared`). NVFP4 stages them as bf16
-/// fragments in whole 64-input tiles (`nv4_frag_bytes`), never more bytes than this bound.
+/// fragments in whole 64-input tiles (`nvfp4::frag_bytes`), never more bytes than this bound.
 fn staged_fits(slots: usize, inter: usize, max_shared: usize) -> bool {
     4 * slots * inter.max(NV4_K) + DOWN_STATIC_SHARED <= max_shared
-}
-
-/// Bytes of `rows` rows of `k` inputs staged as NVFP4 B fragments (kernels/moe_decode.cu:
-/// nv4_stage_frags): 128 a 64-input tile, the last one padded.
-fn nv4_frag_bytes(rows: usize, k: usize) -> usize {
-    rows * k.div_ceil(NV4_K) * 128
 }
 
 /// `struct SharedDesc` of kernels/moe_decode.cu.
@@ -213,7 +208,7 @@ pub(crate) fn moe_block(
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     // NVFP4 stages the token's x as B fragments (kernels/moe_decode.cu: nv4_stage_frags).
-    let x_frags = if fp4 { nv4_frag_bytes(1, h) } else { 0 };
+    let x_frags = if fp4 { frag_bytes(1, h) } else { 0 };
     if fp4 {
         allow_shared(gate_up, x_frags, "moe_dec_gate_up")?;
     }
@@ -236,7 +231,7 @@ pub(crate) fn moe_block(
     // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
     // kernels/moe_decode.cu), no more blocks than output rows. NVFP4: a block of
     // MOE_NV4_DOWN_WARPS warps per (16-row block of the output, token).
-    let staged = if fp4 { nv4_frag_bytes(slots, inter) } else { 4 * slots * inter };
+    let staged = if fp4 { frag_bytes(slots, inter) } else { 4 * slots * inter };
     let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
         (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps)
