@@ -287,7 +287,7 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
     load_round(warp);
     grid_dep_wait();
     if constexpr (COL0) {
-        nv4_stage_frags(nv4_x, 1, w.k, [&](int, int j) { return *(const unsigned*)(x + j); });
+        nv4_stage_frags<8>(nv4_x, 1, w.k, [&](int, int j) { return *(const unsigned*)(x + j); });
         __syncthreads();
     }
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {

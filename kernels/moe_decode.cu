@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
     load_round(warp);
     if (shared_slot) grid_dep_wait();
     const bf16* xr = x + (long long)tok * k;
-    nv4_stage_frags(nv4_x, 1, k, [&](int, int j) { return *(const unsigned*)(xr + j); });
+    nv4_stage_frags<4>(nv4_x, 1, k, [&](int, int j) { return *(const unsigned*)(xr + j); });
     __syncthreads();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
@@ -324,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_do
     load_round(warp);
     // The token's activations while the first round of weights is in flight.
     const float* a = act + (long long)tok * slots * inter;
-    nv4_stage_frags(nv4_act, slots, inter, [&](int r, int j) {
+    nv4_stage_frags<8>(nv4_act, slots, inter, [&](int r, int j) {
         float2 v = *(const float2*)(a + (long long)r * inter + j);
         return pack_bf16(v.x, v.y);
     });

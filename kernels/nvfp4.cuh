@@ -110,13 +110,22 @@ __device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, unsig
 // Stages `rows` rows of `k` inputs as B fragments: for row r, k tile kt and lane column c, the 8
 // words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h, + 1 as one
 // bf16 pair, `pair(r, input)`), 32 bytes at dst + 2 (4 (r kt_n + kt) + c); zeros past k. Every
-// thread of the block takes part; the caller syncs before reading.
-template <typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
-    int kt_n = (k + NV4_K - 1) / NV4_K, words = rows * kt_n * 32;
-    for (int w = threadIdx.x; w < words; w += blockDim.x) {
-        int r = w / (kt_n * 32), kt = (w >> 5) % kt_n, c = (w >> 3) & 3, s = (w >> 1) & 3, h = w & 1;
-        int j = NV4_K * kt + 16 * s + 2 * c + 8 * h;
-        ((unsigned*)dst)[w] = j < k ? pair(r, j) : 0u;
+// thread of the block takes part, B words at a time with all their loads issued before any store
+// (the compiler cannot move a global load past a shared store, so a load-store loop waits on L2
+// once per word); the caller syncs before reading.
+template <int B, typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
+    int per_row = ((k + NV4_K - 1) / NV4_K) * 32, words = rows * per_row;
+    for (int w0 = threadIdx.x; w0 < words; w0 += B * blockDim.x) {
+        unsigned v[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            int w = w0 + i * blockDim.x, r = w / per_row, wr = w - r * per_row;
+            int j = NV4_K * (wr >> 5) + 16 * ((wr >> 1) & 3) + 2 * ((wr >> 3) & 3) + 8 * (wr & 1);
+            v[i] = w < words && j < k ? pair(r, j) : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < B; i++)
+            if (w0 + i * blockDim.x < words) ((unsigned*)dst)[w0 + i * blockDim.x] = v[i];
     }
 }
 
