@@ -18,8 +18,10 @@
 // bytes at 8 g are its two rows' four steps.
 //
 // Numerics: e2m1 (2 significant bits) x e4m3 (4 significant bits, 2^-9 .. 448) is exact in bf16
-// (8 significant bits, f32's exponent range), so the tensor cores see the weight exactly up to
-// the per-tensor multiplier, which the kernels apply in f32.
+// (8 significant bits, f32's exponent range), so the prefill kernels' tensor cores see the weight
+// exactly up to the per-tensor multiplier, which they apply in f32. The decode kernels give the
+// tensor cores the codes alone (exact in bf16 too) and scale each k step's f32 product: a step
+// is one scale group of each row (nv4_tile_mma).
 
 #define NV4_CODE_BYTES (NV4_ROWS * NV4_K / 2)   // 512
 #define NV4_SCALE_BYTES (NV4_ROWS * NV4_K / 16) // 64
