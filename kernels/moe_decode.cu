@@ -285,14 +285,13 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
 }
 
 // out[tok, r] = sum over the token's slots of slot_w * (down_slot[r] . act[slot]) for the rows r of
-// row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 MOE_NV4_DOWN_WARPS
-// threads: the (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ...,
-// MOE_NV4_DOWN_U at a time, and the warps' sums are added in a fixed order. The token's
-// activations are staged while the first round of weights loads, rounded to bf16 for the tensor
-// cores (as the grouped prefill's are). Dynamic shared memory: slots * ceil(inter / 64) * 128 bytes.
-extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc,
-                                                                                       const float* slot_w, int t, int slots, int hidden, int inter) {
-    constexpr int W = MOE_NV4_DOWN_WARPS, U = MOE_NV4_DOWN_U;
+// row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 W threads: the
+// (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ..., U at a time,
+// and the warps' sums are added in a fixed order. The token's activations are staged while the
+// first round of weights loads, rounded to bf16 for the tensor cores (as the grouped prefill's
+// are). Dynamic shared memory: slots * ceil(inter / 64) * 128 bytes.
+template <int W, int U>
+__device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int slots, int hidden, int inter) {
     extern __shared__ uint4 nv4_act[];
     __shared__ WeightDesc dn[ROUTE_MAX_K + 1];
     __shared__ float mul[ROUTE_MAX_K + 1];
@@ -354,4 +353,15 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_do
         for (int j = 0; j < W; j++) sum += part[j][threadIdx.x];
         out[(long long)tok * hidden + row] = f2bf(sum);
     }
+}
+
+// The down kernels: one token (its grid of ceil(hidden / 16) blocks the whole launch) in blocks of
+// MOE_NV4_DOWN1_WARPS, more tokens in blocks of MOE_NV4_DOWN_WARPS (limits.rs).
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN1_WARPS) moe_dec_down_nvfp4_t1(bf16* out, const float* act, const WeightDesc* down_desc,
+                                                                                           const float* slot_w, int t, int slots, int hidden, int inter) {
+    moe_nv4_down<MOE_NV4_DOWN1_WARPS, MOE_NV4_DOWN1_U>(out, act, down_desc, slot_w, slots, hidden, inter);
+}
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc,
+                                                                                       const float* slot_w, int t, int slots, int hidden, int inter) {
+    moe_nv4_down<MOE_NV4_DOWN_WARPS, MOE_NV4_DOWN_U>(out, act, down_desc, slot_w, slots, hidden, inter);
 }

@@ -278,6 +278,8 @@ const NV4_MOE_VARIANTS: &[&[(&str, i64)]] = &[
     &[("MOE_NV4_DOWN_WARPS", 16), ("MOE_NV4_DOWN_U", 3)],
     &[("MOE_NV4_DOWN_WARPS", 4), ("MOE_NV4_DOWN_U", 18)],
     &[("MOE_NV4_DOWN_WARPS", 4), ("MOE_NV4_DOWN_U", 9)],
+    &[("MOE_NV4_DOWN1_WARPS", 8), ("MOE_NV4_DOWN1_U", 9)],
+    &[("MOE_NV4_DOWN1_WARPS", 16), ("MOE_NV4_DOWN1_U", 3)],
 ];
 
 /// Each variant's backend, named by its numbers.

@@ -98,9 +98,10 @@ pub struct Nv4Shape {
     /// k tiles a GEMV warp has in flight, and most warps of a GEMV block.
     pub gemv_tiles: usize,
     pub gemv_max_warps: usize,
-    /// Warps of a MoE gate/up block and of a MoE down block.
+    /// Warps of a MoE gate/up block and of a MoE down block (one token's: `moe_down1_warps`).
     pub moe_warps: usize,
     pub moe_down_warps: usize,
+    pub moe_down1_warps: usize,
     /// Tokens from which a dense linear runs through a bf16 copy of its weight and cuBLASLt.
     pub dequant_from_t: usize,
 }
@@ -113,6 +114,7 @@ impl Nv4Shape {
             gemv_max_warps: n("GEMV_NV4_MAX_WARPS"),
             moe_warps: n("MOE_NV4_WARPS"),
             moe_down_warps: n("MOE_NV4_DOWN_WARPS"),
+            moe_down1_warps: n("MOE_NV4_DOWN1_WARPS"),
             dequant_from_t: n("NV4_DEQUANT_FROM_T"),
         }
     }
@@ -198,7 +200,7 @@ kernels! {
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
     "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_t2, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4_t1, gemv_nvfp4, gemv_nvfp4_t16],
-    "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4],
+    "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4_t1, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
@@ -314,6 +316,8 @@ mod tests {
                 ("MOE_NV4_U", 1),
                 ("MOE_NV4_DOWN_WARPS", 16),
                 ("MOE_NV4_DOWN_U", 3),
+                ("MOE_NV4_DOWN1_WARPS", 8),
+                ("MOE_NV4_DOWN1_U", 9),
             ][..],
             &[
                 ("GEMV_NV4_TILES", 8),
@@ -322,6 +326,8 @@ mod tests {
                 ("MOE_NV4_U", 8),
                 ("MOE_NV4_DOWN_WARPS", 4),
                 ("MOE_NV4_DOWN_U", 18),
+                ("MOE_NV4_DOWN1_WARPS", 4),
+                ("MOE_NV4_DOWN1_U", 18),
             ][..],
         ] {
             let numbers = numbers(defines, DEFINES).unwrap();

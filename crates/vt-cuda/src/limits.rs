@@ -84,6 +84,11 @@ shared! {
     MOE_NV4_U: usize = 4;
     MOE_NV4_DOWN_WARPS: usize = 8;
     MOE_NV4_DOWN_U: usize = 9;
+    /// The same for one token, whose 128 down blocks (Qwen3.5's hidden 2048) are the launch:
+    /// 16 warps of 5 tiles took 21.0 µs a MoE layer against 23.5 with 8 of 9, and lost to them
+    /// from 4 tokens on (docs/performance.md).
+    MOE_NV4_DOWN1_WARPS: usize = 16;
+    MOE_NV4_DOWN1_U: usize = 5;
     /// Warps of MoE gate/up blocks the NVFP4 kernel's registers leave room for on one SM (its
     /// launch bound: MOE_NV4_SM_WARPS / MOE_NV4_WARPS blocks): 24 lets all 288 blocks of
     /// Qwen3.5's 8 + 1 slots be resident at once (80 registers a thread).

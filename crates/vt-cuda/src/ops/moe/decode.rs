@@ -230,11 +230,15 @@ pub(crate) fn moe_block(
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
     // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
     // kernels/moe_decode.cu), no more blocks than output rows. NVFP4: a block of
-    // MOE_NV4_DOWN_WARPS warps per (16-row block of the output, token).
+    // MOE_NV4_DOWN_WARPS warps (MOE_NV4_DOWN1_WARPS for one token) per (16-row block of the
+    // output, token).
     let staged = if fp4 { frag_bytes(slots, inter) } else { 4 * slots * inter };
     let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
-        (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps)
+        match t {
+            1 => (&b.k().moe_dec_down_nvfp4_t1, grid, 32 * b.k().nv4.moe_down1_warps),
+            _ => (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps),
+        }
     } else {
         let grid = ((t * h).min(MOE_DEC_WAVE_BF16 * b.k().sm_count).max(1) as u32, 1, 1);
         (&b.k().moe_dec_down_bf16, grid, MOE_DEC_THREADS)
@@ -245,12 +249,12 @@ pub(crate) fn moe_block(
     l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
     // slot_w, int t, int slots, int hidden, int inter): dynamic shared memory for slots * inter
-    // floats (bf16) or slots * ceil(inter / 64) * 128 bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS
-    // (the kernel's own number), grid (ceil(h / 16), t),
-    // row blocks < ceil(h / 16) of each down matrix's tiled layout; down_desc holds the t * slots
-    // slots' down matrices [h, inter] (written on this stream before, by the gate/up kernel),
-    // slot_w their multipliers; act holds t * slots * inter floats (rows of whole 8-byte pairs:
-    // inter % 8 == 0); out t * h values.
+    // floats (bf16) or slots * ceil(inter / 64) * 128 bytes (NVFP4), allowed above; bf16:
+    // MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS,
+    // t = 1) threads (the kernels' own numbers), grid (ceil(h / 16), t), row blocks < ceil(h / 16)
+    // of each down matrix's tiled layout; down_desc holds the t * slots slots' down matrices [h,
+    // inter] (written on this stream before, by the gate/up kernel), slot_w their multipliers; act
+    // holds t * slots * inter floats (rows of whole 8-byte pairs: inter % 8 == 0); out t * h values.
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(out)
 }
