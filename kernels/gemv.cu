@@ -255,7 +255,8 @@ extern "C" __global__ void gemv_bf16_t2(GemvParts p, const bf16* x, int t) { gem
 // layers are bound by the latency of their loads, and a block of 4 warps streaming k = 4096 in
 // rounds left too few bytes in flight. Each tile's B fragments are loaded with it (an MMA waiting
 // on its own input load serialised a round trip per k step; one token's come from shared memory,
-// where each block stages x once as B fragments: nv4_stage_frags). The warps' sums are added in a fixed
+// where each warp stages its round's tiles of x as B fragments: nv4_stage_round). The warps' sums
+// are added in a fixed
 // order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the
 // step (columns past t repeat the last token); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3
 // row g + 8.
@@ -286,13 +287,17 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
     // The first round of weights is in flight before the previous kernel (which writes x) ends.
     load_round(warp);
     grid_dep_wait();
-    if constexpr (COL0) {
-        nv4_stage_frags<8>(nv4_x, 1, w.k, [&](int, int j) { return *(const unsigned*)(x + j); });
-        __syncthreads();
-    }
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
-        if constexpr (!COL0)
+        if constexpr (COL0)
+            nv4_stage_round<U>(
+                nv4_x, w.k, kt_n,
+                [&](int u, int& r, int& kt) {
+                    r = 0, kt = kt0 + W * u;
+                    return kt < kt_n;
+                },
+                [&](int, int j) { return *(const unsigned*)(x + j); });
+        else
 #pragma unroll
             for (int u = 0; u < U; u++)
 #pragma unroll

@@ -206,8 +206,8 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
 // At batch 1 these kernels are bound by the latency of their loads: the warps of a block (limits.rs:
 // MOE_NV4_WARPS, MOE_NV4_DOWN_WARPS) and the tiles each has in flight (MOE_NV4_U, MOE_NV4_DOWN_U)
 // are sized so that a block's weights go in one round at Qwen3.5's shapes. The B operand (the
-// token's x, or its slots' SwiGLU activations rounded to bf16) is staged once a block in shared
-// memory in fragment order (nvfp4.cuh: nv4_stage_frags), two 16-byte reads a tile. ----
+// token's x, or its slots' SwiGLU activations rounded to bf16) is staged in shared memory in
+// fragment order, each warp its own tiles (nvfp4.cuh: nv4_stage_round), two 16-byte reads a tile. ----
 
 // Gate/up blocks an SM is to hold at once (the launch bound, limits.rs: MOE_NV4_SM_WARPS).
 #define MOE_NV4_MIN_BLOCKS (MOE_NV4_SM_WARPS / MOE_NV4_WARPS > 0 ? MOE_NV4_SM_WARPS / MOE_NV4_WARPS : 1)
@@ -249,10 +249,15 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
     load_round(warp);
     if (shared_slot) grid_dep_wait();
     const bf16* xr = x + (long long)tok * k;
-    nv4_stage_frags<4>(nv4_x, 1, k, [&](int, int j) { return *(const unsigned*)(xr + j); });
-    __syncthreads();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
+        nv4_stage_round<U>(
+            nv4_x, k, kt_n,
+            [&](int u, int& r, int& kt) {
+                r = 0, kt = kt0 + W * u;
+                return kt < kt_n;
+            },
+            [&](int, int j) { return *(const unsigned*)(xr + j); });
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
@@ -287,9 +292,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
 // out[tok, r] = sum over the token's slots of slot_w * (down_slot[r] . act[slot]) for the rows r of
 // row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 W threads: the
 // (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ..., U at a time,
-// and the warps' sums are added in a fixed order. The token's activations are staged while the
-// first round of weights loads, rounded to bf16 for the tensor cores (as the grouped prefill's
-// are). Dynamic shared memory: slots * ceil(inter / 64) * 128 bytes.
+// and the warps' sums are added in a fixed order. Each round's activations are staged while its
+// weights load, rounded to bf16 for the tensor cores (as the grouped prefill's are). Dynamic
+// shared memory: slots * ceil(inter / 64) * 128 bytes.
 template <int W, int U>
 __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int slots, int hidden, int inter) {
     extern __shared__ uint4 nv4_act[];
@@ -321,15 +326,20 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
         }
     };
     load_round(warp);
-    // The token's activations while the first round of weights is in flight.
     const float* a = act + (long long)tok * slots * inter;
-    nv4_stage_frags<8>(nv4_act, slots, inter, [&](int r, int j) {
-        float2 v = *(const float2*)(a + (long long)r * inter + j);
-        return pack_bf16(v.x, v.y);
-    });
-    __syncthreads();
     for (int i0 = warp; i0 < items; i0 += W * U) {
         if (i0 != warp) load_round(i0);
+        // The round's activations while its weights are in flight.
+        nv4_stage_round<U>(
+            nv4_act, inter, kt_n,
+            [&](int u, int& r, int& k) {
+                r = sl[u], k = kt[u];
+                return i0 + W * u < items;
+            },
+            [&](int r, int j) {
+                float2 v = *(const float2*)(a + (long long)r * inter + j);
+                return pack_bf16(v.x, v.y);
+            });
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (i0 + W * u >= items) break;

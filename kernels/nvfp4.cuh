@@ -109,26 +109,28 @@ __device__ __forceinline__ void nv4_x_frags(const bf16* xr, int k0, int k, unsig
     }
 }
 
-// Stages `rows` rows of `k` inputs as B fragments: for row r, k tile kt and lane column c, the 8
-// words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h, + 1 as one
-// bf16 pair, `pair(r, input)`), 32 bytes at dst + 2 (4 (r kt_n + kt) + c); zeros past k. Every
-// thread of the block takes part, B words at a time with all their loads issued before any store
-// (the compiler cannot move a global load past a shared store, so a load-store loop waits on L2
-// once per word); the caller syncs before reading.
-template <int B, typename Pair> __device__ __forceinline__ void nv4_stage_frags(uint4* dst, int rows, int k, Pair pair) {
-    int per_row = ((k + NV4_K - 1) / NV4_K) * 32, words = rows * per_row;
-    for (int w0 = threadIdx.x; w0 < words; w0 += B * blockDim.x) {
-        unsigned v[B];
+// B operands staged in shared memory as fragments: for row r of k inputs, k tile kt and lane column
+// c, the 8 words lane (g, c) takes of that tile (step s, half h: inputs 64 kt + 16 s + 2c + 8 h,
+// + 1 as one bf16 pair), 32 bytes at 2 (4 (r kt_n + kt) + c) uint4s; zeros past k. A warp stages
+// the U tiles of its own round (`tile(u, r, kt)`: row and k tile of tile u, false for none), lane
+// l the word 8c + 2s + h = l of each (`pair(r, input)`), so no other warp waits on them: all
+// loads are issued before any store (the compiler cannot move a global load past a shared store,
+// so a load-store loop would wait on L2 once per word), then the warp syncs.
+template <int U, typename Tile, typename Pair> __device__ __forceinline__ void nv4_stage_round(uint4* dst, int k, int kt_n, Tile tile, Pair pair) {
+    int lane = threadIdx.x & 31, j0 = 16 * ((lane >> 1) & 3) + 2 * ((lane >> 3) & 3) + 8 * (lane & 1);
+    unsigned v[U];
 #pragma unroll
-        for (int i = 0; i < B; i++) {
-            int w = w0 + i * blockDim.x, r = w / per_row, wr = w - r * per_row;
-            int j = NV4_K * (wr >> 5) + 16 * ((wr >> 1) & 3) + 2 * ((wr >> 3) & 3) + 8 * (wr & 1);
-            v[i] = w < words && j < k ? pair(r, j) : 0u;
-        }
-#pragma unroll
-        for (int i = 0; i < B; i++)
-            if (w0 + i * blockDim.x < words) ((unsigned*)dst)[w0 + i * blockDim.x] = v[i];
+    for (int u = 0; u < U; u++) {
+        int r, kt;
+        bool live = tile(u, r, kt);
+        v[u] = live && NV4_K * kt + j0 < k ? pair(r, NV4_K * kt + j0) : 0u;
     }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int r, kt;
+        if (tile(u, r, kt)) ((unsigned*)dst)[32 * (r * kt_n + kt) + lane] = v[u];
+    }
+    __syncwarp();
 }
 
 // Lane column c's two 16-byte reads of staged tile `tile` (row r's k tile kt: r * kt_n + kt).
