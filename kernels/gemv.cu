@@ -256,10 +256,9 @@ extern "C" __global__ void gemv_bf16_t2(GemvParts p, const bf16* x, int t) { gem
 // rounds left too few bytes in flight. Each tile's B fragments are loaded with it (an MMA waiting
 // on its own input load serialised a round trip per k step; one token's come from shared memory,
 // where each warp stages its round's tiles of x as B fragments: nv4_stage_round). The warps' sums
-// are added in a fixed
-// order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and 2c + 8, 2c + 9 of the
-// step (columns past t repeat the last token); C: c0/c1 row g, tokens 8 nb + 2c, 2c + 1; c2/c3
-// row g + 8.
+// are added in a fixed order. Lane (g, c)'s B fragment is token 8 nb + g's inputs 2c, 2c + 1 and
+// 2c + 8, 2c + 9 of the step (columns past t repeat the last token); C: c0/c1 row g, tokens
+// 8 nb + 2c, 2c + 1; c2/c3 row g + 8.
 template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_out, const bf16* x, const WeightDesc& w, int n, int t, int block) {
     constexpr int U = GEMV_NV4_TILES;
     __shared__ float part[GEMV_NV4_MAX_WARPS][NB][4][32];
@@ -289,7 +288,7 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
     grid_dep_wait();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
-        if constexpr (COL0)
+        if constexpr (COL0) {
             nv4_stage_round<U>(
                 nv4_x, w.k, kt_n,
                 [&](int u, int& r, int& kt) {
@@ -297,12 +296,13 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
                     return kt < kt_n;
                 },
                 [&](int, int j) { return *(const unsigned*)(x + j); });
-        else
+        } else {
 #pragma unroll
             for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++)
                     if (kt0 + W * u < kt_n) nv4_x_frags(xrow[nb], (kt0 + W * u) * NV4_K, w.k, xb[u][nb]);
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;
