@@ -31,5 +31,6 @@ strip "$out"/*
 ls -la "$out"
 du -sh "$(dirname "$out")"
 echo
-echo "device command (carry [\"$(dirname "$out")\"]):"
+echo "device command (carry [\"$(dirname "$out")\"], or, past the carry limit, [\".gpu/xz\"] after"
+echo "\`bash tools/gpu/pack.sh $out\` and with \`bash tools/gpu/unpack.sh &&\` in front):"
 echo "  VT_GPU_BIN=$out bash tools/gpu/run_suite.sh"
