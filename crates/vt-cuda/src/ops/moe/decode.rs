@@ -270,7 +270,7 @@ pub(crate) fn mirrors() -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::staged_fits;
+    use super::{frag_bytes, staged_fits, DOWN_STATIC_SHARED};
 
     /// Qwen3.5-35B-A3B's 8 + 1 slots of 512 fit everywhere; 33 slots of 1536 (a wide top-32 expert)
     /// fit an H200's block but not an A100's, which then takes the composed ops.
@@ -281,5 +281,23 @@ mod tests {
         assert!(staged_fits(33, 1536, h200));
         assert!(!staged_fits(33, 1536, a100));
         assert!(!staged_fits(9, 8192, h200));
+    }
+
+    /// Where the bound lets a call through, the NVFP4 down kernel's bf16 fragments (whole 64-input
+    /// tiles, so more bytes than f32 for an expert narrower than 64) fit as well as bf16's f32 rows.
+    #[test]
+    fn the_bound_covers_the_nvfp4_fragments() {
+        for slots in 1..=33 {
+            for inter in (16..=4096).step_by(16) {
+                let (f32_rows, frags) = (4 * slots * inter, frag_bytes(slots, inter));
+                // Devices whose shared memory ends exactly at either need, and an sm_89 block.
+                for max_shared in [f32_rows, frags].map(|b| b + DOWN_STATIC_SHARED).into_iter().chain([101_376]) {
+                    if staged_fits(slots, inter, max_shared) {
+                        assert!(f32_rows + DOWN_STATIC_SHARED <= max_shared, "{slots} x {inter}: f32");
+                        assert!(frags + DOWN_STATIC_SHARED <= max_shared, "{slots} x {inter}: fragments");
+                    }
+                }
+            }
+        }
     }
 }
