@@ -18,7 +18,7 @@ const CODE_BYTES: usize = NV4_ROWS * NV4_K / 2;
 const SCALE_BYTES: usize = NV4_ROWS * NV4_K / 16;
 
 /// Bytes of `rows` bf16 rows of `k` inputs staged as the decode kernels' B fragments
-/// (kernels/nvfp4.cuh: nv4_stage_frags): 128 a 64-input tile, the last one padded.
+/// (kernels/nvfp4.cuh: nv4_stage_round): 128 a 64-input tile, the last one padded.
 pub(crate) fn frag_bytes(rows: usize, k: usize) -> usize {
     rows * k.div_ceil(NV4_K) * 128
 }

@@ -207,7 +207,7 @@ pub(crate) fn moe_block(
     };
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
-    // NVFP4 stages the token's x as B fragments (kernels/moe_decode.cu: nv4_stage_frags).
+    // NVFP4 stages the token's x as B fragments (kernels/nvfp4.cuh: nv4_stage_round).
     let x_frags = if fp4 { frag_bytes(1, h) } else { 0 };
     if fp4 {
         allow_shared(gate_up, x_frags, "moe_dec_gate_up")?;
