@@ -39,14 +39,19 @@ __device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {
     return d;
 }
 
-// Scales s = 0..3 (bytes of `sc`) as bf16 pairs (s_s, s_s), exactly (via f16).
+// The two e4m3 scales of `two` (low byte first) as f32, exactly (e4m3 -> f16 -> f32).
+__device__ __forceinline__ void nv4_scale_pair(unsigned short two, float& lo, float& hi) {
+    unsigned h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(two));
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(h2));
+}
+
+// Scales s = 0..3 (bytes of `sc`) as bf16 pairs (s_s, s_s), exactly.
 __device__ __forceinline__ void nv4_scales(unsigned sc, unsigned* s) {
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-        unsigned h2;
         float lo, hi;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(sc >> (16 * p))));
-        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(h2));
+        nv4_scale_pair((unsigned short)(sc >> (16 * p)), lo, hi);
         asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s[2 * p]) : "f"(lo));
         asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s[2 * p + 1]) : "f"(hi));
     }
@@ -146,15 +151,11 @@ __device__ __forceinline__ void nv4_staged_b(const uint4 (&f)[2], int s, unsigne
     b1 = (s & 1) ? v.w : v.y;
 }
 
-// The tile's scales (a lane's 8 bytes, nv4_load) as f32, exactly (e4m3 -> f16 -> f32): s[st] is
-// row g's at k step st, s[4 + st] row g + 8's.
+// The tile's scales (a lane's 8 bytes, nv4_load) as f32: s[st] is row g's at k step st, s[4 + st]
+// row g + 8's.
 __device__ __forceinline__ void nv4_scales_f32(uint2 sc, float (&s)[8]) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        unsigned h2, word = i < 2 ? sc.x : sc.y;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(word >> (16 * (i & 1)))));
-        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(s[2 * i]), "=f"(s[2 * i + 1]) : "r"(h2));
-    }
+    for (int i = 0; i < 4; i++) nv4_scale_pair((unsigned short)((i < 2 ? sc.x : sc.y) >> (16 * (i & 1))), s[2 * i], s[2 * i + 1]);
 }
 
 // c += W_tile(16 rows) . B over the tile's 4 k steps (steps past a row's k hold zero codes, and
