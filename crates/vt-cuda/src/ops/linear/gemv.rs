@@ -61,8 +61,14 @@ struct Tiling<'a> {
     shared: usize,
 }
 
-/// Dynamic shared memory any launch may take without opting in.
+/// Shared memory (static and dynamic together) a block may take without opting in.
 const DEFAULT_SHARED: usize = 48 * 1024;
+
+/// gemv_nvfp4_t1's static shared memory with blocks of up to `max_warps` warps: the warps' partial
+/// sums of one column tile (kernels/gemv.cu, `part`).
+fn nv4_t1_static(max_warps: usize) -> usize {
+    4 * max_warps * 4 * 32
+}
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
 /// launch of `rows` rows, and its tiling; `None` where none does. For bf16, one and two tokens have
@@ -87,10 +93,10 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
         Weight::Nvfp4(_) => {
             let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
-            // One token stages x in shared memory (up to 24k inputs: no opt-in needed).
+            // One token stages x in shared memory (up to 20k inputs: no opt-in needed).
             let staged = frag_bytes(1, k);
             let (f, shared) = match t {
-                1 if staged <= DEFAULT_SHARED => (&kf.gemv_nvfp4_t1, staged),
+                1 if staged + nv4_t1_static(kf.nv4.gemv_max_warps) <= DEFAULT_SHARED => (&kf.gemv_nvfp4_t1, staged),
                 _ if t > GEMV_MAX_T => (&kf.gemv_nvfp4_t16, 0),
                 _ => (&kf.gemv_nvfp4, 0),
             };
@@ -213,7 +219,8 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // (kernel_for, the kernels' own number); part i owns blocks first_block[i].. covering its n[i]
     // rows (for NVFP4, row blocks < ceil(n[i] / 16) of its tiled layout, nvfp4.rs); 1 <= t <=
     // GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for _t16); gemv_nvfp4_t1 has its
-    // staged x's frag_bytes(1, k) of dynamic shared memory (at most the default 48 KB); every desc
+    // staged x's frag_bytes(1, k) of dynamic shared memory (with its static part, at most the
+    // default 48 KB); every desc
     // describes a live [n_i, k] weight of this kernel's format whose bf16 rows are whole chunks of
     // its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels; NVFP4 reads whole
     // tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
@@ -225,5 +232,10 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
 /// The C struct's layout is this one's (kernels.rs's tests).
 #[cfg(test)]
 pub(crate) fn mirrors() -> Vec<String> {
-    crate::kernels::c_layout!(GemvParts { w, y, n, ld, first_block, parts, ks, f32_out, pad })
+    let mut checks = crate::kernels::c_layout!(GemvParts { w, y, n, ld, first_block, parts, ks, f32_out, pad });
+    checks.push(crate::kernels::c_equal(
+        "sizeof(float[GEMV_NV4_MAX_WARPS][1][4][32])",
+        nv4_t1_static(crate::limits::GEMV_NV4_MAX_WARPS),
+    ));
+    checks
 }
