@@ -475,9 +475,16 @@ pub fn linear_many_shares_one_pass_over_the_input<G: Backend>(dev: &OnDevice<G>)
     let mut r = Rng(0x3a11);
     let k = 256;
     // A mixer's projections: outputs of different widths (one a single row, one a block tail) in
-    // one launch; then a mixed-format group, which the backend runs one weight at a time.
+    // one launch; then a mixed-format group, formats interleaved (as an NVFP4 gated delta net's
+    // projections and its bf16 gate rows), which vt-cuda runs a launch per format: each output
+    // must still come back in its weight's place.
     let bf16 = [(512, k), (37, k), (1, k), (96, k)].map(|(n, k)| HostWeight::bf16(&mut r, n, k));
-    let mixed = [HostWeight::nvfp4(&mut r, 64, k), HostWeight::bf16(&mut r, 40, k)];
+    let mixed = [
+        HostWeight::nvfp4(&mut r, 64, k),
+        HostWeight::bf16(&mut r, 40, k),
+        HostWeight::nvfp4(&mut r, 48, k),
+        HostWeight::bf16(&mut r, 1, k),
+    ];
     for (group, ws) in [("bf16 x4", &bf16[..]), ("nvfp4 + bf16", &mixed[..])] {
         for t in [1, 5, 13] {
             let x = r.vec(t * k, 2.0);

@@ -54,16 +54,39 @@ pub(crate) fn linear(b: &CudaBackend, x: &CudaTensor, w: &Linear<CudaBackend>) -
 }
 
 pub(crate) fn linear_many(b: &CudaBackend, x: &CudaTensor, ws: &[&Linear<CudaBackend>]) -> Result<Vec<CudaTensor>> {
-    // One GEMV launch when every weight reads x's width and the kernels take them; else one each.
-    let weights: Vec<_> = ws.iter().map(|w| &w.weight).collect();
-    if weights.iter().all(|w| w.dims().1 == x.last_dim()) && gemv::fits(b, x.rows(), &weights) {
-        let outs = weights
-            .iter()
-            .map(|w| b.empty(DType::BF16, &with_last(x.shape(), w.dims().0)))
-            .collect::<Result<Vec<_>>>()?;
-        let parts: Vec<_> = weights.iter().zip(&outs).map(|(w, o)| (*w, o.buffer().ptr())).collect();
-        gemv::gemv(b, act(x, "linear")?, x.rows(), &parts)?;
-        return Ok(outs);
+    // One GEMV launch per group of weights the kernels take together (one format, x's width); an
+    // NVFP4 mixer's bf16 gate rows go in a launch of their own instead of one each.
+    let (t, k) = (x.rows(), x.last_dim());
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut alone = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        if w.weight.dims().1 != k || !gemv::fits(b, t, &[&w.weight]) {
+            alone.push(i);
+            continue;
+        }
+        let joins = |g: &Vec<usize>| {
+            let mut ours: Vec<_> = g.iter().map(|&j| &ws[j].weight).collect();
+            ours.push(&w.weight);
+            gemv::fits(b, t, &ours)
+        };
+        match groups.iter_mut().find(|g| joins(g)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
     }
-    ws.iter().map(|w| linear(b, x, w)).collect()
+    let mut outs: Vec<Option<CudaTensor>> = ws.iter().map(|_| None).collect();
+    let px = act(x, "linear")?;
+    for g in &groups {
+        let ys =
+            g.iter().map(|&i| b.empty(DType::BF16, &with_last(x.shape(), ws[i].weight.dims().0))).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<_> = g.iter().zip(&ys).map(|(&i, y)| (&ws[i].weight, y.buffer().ptr())).collect();
+        gemv::gemv(b, px, t, &parts)?;
+        for (&i, y) in g.iter().zip(ys) {
+            outs[i] = Some(y);
+        }
+    }
+    for i in alone {
+        outs[i] = Some(linear(b, x, ws[i])?);
+    }
+    Ok(outs.into_iter().flatten().collect())
 }
