@@ -77,8 +77,10 @@ pub(crate) fn linear_many(b: &CudaBackend, x: &CudaTensor, ws: &[&Linear<CudaBac
     let mut outs: Vec<Option<CudaTensor>> = ws.iter().map(|_| None).collect();
     let px = act(x, "linear")?;
     for g in &groups {
-        let ys =
-            g.iter().map(|&i| b.empty(DType::BF16, &with_last(x.shape(), ws[i].weight.dims().0))).collect::<Result<Vec<_>>>()?;
+        let ys = g
+            .iter()
+            .map(|&i| b.empty(DType::BF16, &with_last(x.shape(), ws[i].weight.dims().0)))
+            .collect::<Result<Vec<_>>>()?;
         let parts: Vec<_> = g.iter().zip(&ys).map(|(&i, y)| (&ws[i].weight, y.buffer().ptr())).collect();
         gemv::gemv(b, px, t, &parts)?;
         for (&i, y) in g.iter().zip(ys) {
