@@ -77,6 +77,13 @@ __device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log
 // kernel start early. Both are no-ops in a kernel launched the ordinary way.
 __device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void grid_dep_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+// The wait, then the trigger: the next kernel starts only once every block of this one has waited,
+// so the kernel before this one has ended, and before its own wait the next kernel may also read
+// (through L2: __ldcg) what that one wrote (moe_decode.cu's down kernels read the routing so).
+__device__ __forceinline__ void grid_dep_wait_then_trigger() {
+    grid_dep_wait();
+    grid_dep_trigger();
+}
 // The first statement of an overlapped kernel that reads nothing before its predecessor ends: the
 // next kernel may launch (and start its own weight loads) while this one runs.
 __device__ __forceinline__ void grid_dep_begin() {

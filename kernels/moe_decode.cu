@@ -39,7 +39,7 @@ extern "C" __global__ void moe_dec_route(int* slot_ids, float* slot_w, const flo
 
 // Dots of row `row` of the ROWS bf16 weights w[] with x's chunks [0, k / 8) (f32 or bf16), by one
 // warp; every lane gets the sums. With `wait`, the lanes execute grid_dep_wait once their first
-// loads are in flight (x may come from the previous kernel).
+// loads are in flight (x may come from the previous kernel), and then trigger the next.
 template <int ROWS, typename X>
 __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, const X* x, bool wait, float* dots) {
     typedef Bf16Chunks F;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
             for (int r = 0; r < ROWS; r++)
                 if (i0 + 32 * j < nc) F::load(w[r], row, i0 + 32 * j, v[j][r]);
         if (wait) {
-            grid_dep_wait();
+            grid_dep_wait_then_trigger();
             wait = false;
         }
 #pragma unroll
@@ -66,7 +66,7 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
             for (int r = 0; r < ROWS; r++) acc[r] += F::dot(v[j][r], xf);
         }
     }
-    if (wait) grid_dep_wait();  // a lane with no chunks
+    if (wait) grid_dep_wait_then_trigger();  // a lane with no chunks
 #pragma unroll
     for (int r = 0; r < ROWS; r++) dots[r] = warp_sum(acc[r]);
 }
@@ -74,49 +74,49 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
 // expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
 // (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
-// 4 * blockIdx.y + j. Each slot's first block also writes the slot's down matrix to down_desc, so
-// that the down kernel reads it in one step instead of two dependent ones (ids, then the table).
-__device__ void moe_dec_gate_up(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
-                                const SharedDesc& sh, int slots, int inter) {
+// 4 * blockIdx.y + j. Every block triggers the down kernel only after its wait, so that the down
+// kernel may read the routing before its own wait (common.cuh: grid_dep_wait_then_trigger).
+__device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh, int slots,
+                                int inter) {
     int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
     // The shared expert's blocks (its slot is the last) know their rows without the routing: their
     // first round of weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
-    grid_dep_trigger();
-    if (!shared_slot) grid_dep_wait();
-    if (u >= inter) {
-        if (shared_slot) grid_dep_wait();
-        return;
-    }
+    if (!shared_slot || u >= inter) grid_dep_wait_then_trigger();
+    if (u >= inter) return;
     int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
-    // Written once this block has waited: a routed slot's now (it arrives with the gate and up
-    // descriptors), the shared slot's after its dots.
-    bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
-    if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
     float d[2];
     warp_dots<2>(w, u, x + (long long)tok * w[0].k, shared_slot, d);
     if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
-    if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
 }
 
 // The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM): each
 // block takes an equal share of the output rows, a token at a time, and its warps stream them. An
 // item's loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 chunks per
-// lane). Each block copies the slots' weight descriptors to shared memory and, meanwhile, each
-// token's SwiGLU activations to dynamic shared memory, where every warp's chunk reads find them
-// at once (read from global memory, each of those reads waited on a round trip to L2 between the
-// weight loads and the arithmetic).
+// lane). The down kernels look up the slots' matrices and load their first round of weights
+// before they wait for the gate/up kernel: the routing they read is the kernel's before it
+// (moe_dec_gate_up). The bf16 kernel then copies each token's SwiGLU activations to dynamic shared
+// memory, where every warp's chunk reads find them at once (read from global memory, each of
+// those reads waited on a round trip to L2 between the weight loads and the arithmetic).
 // Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
 // of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
 #define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
 
-// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]) (down_slot: the
-// slot's down_desc, written by the gate/up kernel): a row's chunks run over the slots in order,
-// lane l taking chunks l + 32 j. An item is a row of one token. Dynamic shared memory: slots *
-// inter floats.
-__device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int t, int slots,
-                             int hidden, int inter) {
+// Slot s's down matrix and multiplier (slot_ids and slot_w from the routing, read through L2
+// before the down kernel waits; common.cuh: grid_dep_wait_then_trigger).
+__device__ __forceinline__ void slot_down(const int* slot_ids, const float* slot_w, const WeightDesc* table, const SharedDesc& sh, int s,
+                                          WeightDesc& dn, float& mul) {
+    int id = __ldcg(slot_ids + s);
+    dn = id >= 0 ? table[3 * id + 2] : sh.down;
+    mul = __ldcg(slot_w + s);
+}
+
+// out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
+// over the slots in order, lane l taking chunks l + 32 j. An item is a row of one token. Dynamic
+// shared memory: slots * inter floats.
+__device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
+                             const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Bf16Chunks F;
     constexpr int R = 1, J = 18;
     extern __shared__ float4 dyn[];
@@ -135,14 +135,12 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
         for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
         cp_async_commit();
     };
+    // The slots' descriptors are looked up while the gate/up kernel ends (read after the loop's
+    // first barrier). Issuing each warp's first weights before the wait as well, as the NVFP4
+    // kernel does, made this loop slower from t = 4 on (docs/performance.md).
+    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) slot_down(slot_ids, slot_w, table, sh, s, dn[s], mul[s]);
     grid_dep_wait();
-    // The first token's copy is in flight while the descriptors load. (Issuing each warp's first
-    // weights before the copy instead was slower at t = 4.)
     stage(first / groups);
-    for (int s = threadIdx.x; s < t * slots; s += blockDim.x) {
-        dn[s] = down_desc[s];
-        mul[s] = slot_w[s];
-    }
     for (int tok = first / groups; tok * groups < last; tok++) {
         if (tok > first / groups) {
             __syncthreads();  // the previous token's activations are no longer read
@@ -189,14 +187,15 @@ __device__ void moe_dec_down(bf16* out, const float* act, const WeightDesc* down
     }
 }
 
-extern "C" __global__ void moe_dec_gate_up_bf16(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x, const WeightDesc* table,
-                                                SharedDesc sh, int slots, int inter) {
-    moe_dec_gate_up(act, down_desc, slot_ids, x, table, sh, slots, inter);
+extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh, int slots,
+                                                int inter) {
+    moe_dec_gate_up(act, slot_ids, x, table, sh, slots, inter);
 }
 // One resident wave of down blocks (see moe_dec_down).
-extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16) moe_dec_down_bf16(bf16* out, const float* act, const WeightDesc* down_desc,
-                                                                                               const float* slot_w, int t, int slots, int hidden, int inter) {
-    moe_dec_down(out, act, down_desc, slot_w, t, slots, hidden, inter);
+extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
+    moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots,
+                      int hidden, int inter) {
+    moe_dec_down(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
 
 // ---- NVFP4 experts on tensor cores (nvfp4.cuh's layout): a 16-row block of a weight per warp
@@ -215,11 +214,11 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for units u of row block blockIdx.y of every
 // (token, slot) blockIdx.x (experts as moe_dec_gate_up's). Grid (t * slots, ceil(inter / 16)),
 // 32 MOE_NV4_WARPS threads: warp j takes the k tiles j, j + W, ... of both weights, MOE_NV4_U of
-// each at a time; the warps' sums are added in a fixed order. Each slot's first block writes the
-// slot's down matrix to down_desc, as moe_dec_gate_up does. Dynamic shared memory: the token's x
-// as staged fragments, ceil(k / 64) * 128 bytes.
-extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLOCKS) moe_dec_gate_up_nvfp4(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16* x,
-                                                                                    const WeightDesc* table, SharedDesc sh, int slots, int inter) {
+// each at a time; the warps' sums are added in a fixed order. Every block triggers after its wait,
+// as moe_dec_gate_up's do. Dynamic shared memory: the token's x as staged fragments, ceil(k / 64)
+// * 128 bytes.
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLOCKS)
+    moe_dec_gate_up_nvfp4(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, SharedDesc sh, int slots, int inter) {
     constexpr int W = MOE_NV4_WARPS, U = MOE_NV4_U;
     __shared__ float part[W][2][NV4_ROWS];
     extern __shared__ uint4 nv4_x[];
@@ -228,12 +227,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
     // The shared expert's blocks know their rows without the routing: their first round of
     // weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
-    grid_dep_trigger();
-    if (!shared_slot) grid_dep_wait();
+    if (!shared_slot) grid_dep_wait_then_trigger();
     int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     const WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
-    bool writes_down = blockIdx.y == 0 && threadIdx.x == 0;
-    if (writes_down && !shared_slot) down_desc[blockIdx.x] = table[3 * id + 2];
     int k = w[0].k, kt_n = nv4_k_tiles(w[0]);
     long long tile0 = (long long)rb * kt_n;
     float acc[2][1][4] = {};
@@ -247,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
                 if (kt0 + W * u < kt_n) nv4_load(w[m], tile0 + kt0 + W * u, lane, q[u][m], sc[u][m]);
     };
     load_round(warp);
-    if (shared_slot) grid_dep_wait();
+    if (shared_slot) grid_dep_wait_then_trigger();
     const bf16* xr = x + (long long)tok * k;
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
@@ -286,27 +282,27 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
             for (int j = 0; j < W; j++) d[m] += part[j][m][threadIdx.x];
         act[(long long)blockIdx.x * inter + u] = silu(d[0] * w[0].global[0]) * (d[1] * w[1].global[0]);
     }
-    if (writes_down && shared_slot) down_desc[blockIdx.x] = sh.down;
 }
 
 // out[tok, r] = sum over the token's slots of slot_w * (down_slot[r] . act[slot]) for the rows r of
 // row block blockIdx.x and token blockIdx.y. Grid (ceil(hidden / 16), t), 32 W threads: the
 // (slot, k tile) items are shared out over the warps, warp j taking j, j + W, ..., U at a time,
-// and the warps' sums are added in a fixed order. Each round's activations are staged while its
-// weights load, rounded to bf16 for the tensor cores (as the grouped prefill's are). Dynamic
-// shared memory: slots * ceil(inter / 64) * 128 bytes.
+// and the warps' sums are added in a fixed order. The first round's weights load before the wait
+// (moe_dec_down); each round's activations are staged while its weights load, rounded to bf16 for
+// the tensor cores (as the grouped prefill's are). Dynamic shared memory: slots * ceil(inter / 64)
+// * 128 bytes.
 template <int W, int U>
-__device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const WeightDesc* down_desc, const float* slot_w, int slots, int hidden, int inter) {
+__device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
+                                             const SharedDesc& sh, int slots, int hidden, int inter) {
     extern __shared__ uint4 nv4_act[];
     __shared__ WeightDesc dn[ROUTE_MAX_K + 1];
     __shared__ float mul[ROUTE_MAX_K + 1];
     __shared__ float part[W][NV4_ROWS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int rb = blockIdx.x, tok = blockIdx.y;
-    grid_dep_wait();
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-        dn[s] = down_desc[tok * slots + s];
-        mul[s] = slot_w[tok * slots + s] * dn[s].global[0];
+        slot_down(slot_ids, slot_w, table, sh, tok * slots + s, dn[s], mul[s]);
+        mul[s] *= dn[s].global[0];
     }
     __syncthreads();
     int kt_n = (inter + NV4_K - 1) / NV4_K, items = slots * kt_n;
@@ -326,6 +322,7 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
         }
     };
     load_round(warp);
+    grid_dep_wait();
     const float* a = act + (long long)tok * slots * inter;
     for (int i0 = warp; i0 < items; i0 += W * U) {
         if (i0 != warp) load_round(i0);
@@ -367,11 +364,13 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
 
 // The down kernels: one token (its grid of ceil(hidden / 16) blocks the whole launch) in blocks of
 // MOE_NV4_DOWN1_WARPS, more tokens in blocks of MOE_NV4_DOWN_WARPS (limits.rs).
-extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN1_WARPS) moe_dec_down_nvfp4_t1(bf16* out, const float* act, const WeightDesc* down_desc,
-                                                                                           const float* slot_w, int t, int slots, int hidden, int inter) {
-    moe_nv4_down<MOE_NV4_DOWN1_WARPS, MOE_NV4_DOWN1_U>(out, act, down_desc, slot_w, slots, hidden, inter);
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN1_WARPS)
+    moe_dec_down_nvfp4_t1(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t,
+                          int slots, int hidden, int inter) {
+    moe_nv4_down<MOE_NV4_DOWN1_WARPS, MOE_NV4_DOWN1_U>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
 }
-extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS) moe_dec_down_nvfp4(bf16* out, const float* act, const WeightDesc* down_desc,
-                                                                                       const float* slot_w, int t, int slots, int hidden, int inter) {
-    moe_nv4_down<MOE_NV4_DOWN_WARPS, MOE_NV4_DOWN_U>(out, act, down_desc, slot_w, slots, hidden, inter);
+extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_DOWN_WARPS)
+    moe_dec_down_nvfp4(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots,
+                       int hidden, int inter) {
+    moe_nv4_down<MOE_NV4_DOWN_WARPS, MOE_NV4_DOWN_U>(out, act, slot_ids, slot_w, table, sh, slots, hidden, inter);
 }

@@ -9,7 +9,10 @@
 //! `grid_dep_wait()` (kernels/common.cuh) before it reads anything an earlier kernel wrote or
 //! writes anything an earlier kernel reads; every kernel launched here does. What they read before
 //! the wait are weights, which kernels write only while a model loads (dummy weights, expert
-//! tables) and never as the kernel right before one that reads them.
+//! tables) and never as the kernel right before one that reads them. One exception: a kernel
+//! whose predecessor triggers it only after its own wait (`grid_dep_wait_then_trigger`) starts
+//! after the kernel before that one has ended, and may read what that one wrote (through L2); the
+//! MoE down kernels read the routing so.
 
 use std::ffi::c_void;
 
@@ -66,7 +69,8 @@ impl<'a> Overlapped<'a> {
     /// # Safety
     /// As cudarc's `LaunchArgs::launch`: the arguments match the kernel's signature and every
     /// address they carry is valid for what the kernel does with it; in addition the kernel waits
-    /// (`grid_dep_wait`) before it touches memory an earlier kernel writes or reads.
+    /// (`grid_dep_wait`) before it touches memory an earlier kernel writes or reads (except what
+    /// it reads of kernels that ended before its predecessor triggered it: module docs).
     pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig, kernel: &str) -> Result<()> {
         let stream = self.b.stream();
         stream.context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;

@@ -3,8 +3,10 @@
 //! as f32); routing on the device; the fused SwiGLU of each chosen expert and the shared expert;
 //! down projections with the weighted combine, each launch overlapping the previous kernel's end
 //! (launch.rs: before they wait, the logits kernel reads router weights and the shared expert's
-//! gate/up blocks theirs; the others read nothing). Experts are read through the `MoeExperts`'
-//! resident expert table (table.rs), the shared expert through its own weights.
+//! gate/up blocks theirs; the down kernel, which the gate/up blocks let start only once they have
+//! waited, reads the routing and its first weights; the routing kernel reads nothing). Experts are
+//! read through the `MoeExperts`' resident expert table (table.rs), the shared expert through its
+//! own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Ops, Result, Router, SharedExpert, Weight};
@@ -168,14 +170,12 @@ pub(crate) fn moe_block(
     };
     let slots = top_k + sh.present as usize;
 
-    // One scratch block: the slots' down matrices [t * slots] WeightDesc first, padded to 16 bytes,
-    // then act [t * slots, inter] f32 (16-byte aligned rows: inter % 8 == 0, and the kernels read
-    // them as float4), logits [t, n_exp + 1] f32, slot ids i32 and slot weights f32 [t * slots].
+    // One scratch block: act [t * slots, inter] f32 first (16-byte aligned rows: inter % 8 == 0,
+    // and the kernels read them as float4), then logits [t, n_exp + 1] f32, slot ids i32 and slot
+    // weights f32 [t * slots].
     let (n_act, n_logits, n_slots) = (t * slots * inter, t * (n_exp + 1), t * slots);
-    let desc_bytes = (std::mem::size_of::<WeightDesc>() * n_slots).next_multiple_of(16);
-    let scratch = b.buffer(desc_bytes + 4 * (n_act + n_logits + 2 * n_slots))?;
-    let p_down = scratch.ptr();
-    let p_act = p_down + desc_bytes as u64;
+    let scratch = b.buffer(4 * (n_act + n_logits + 2 * n_slots))?;
+    let p_act = scratch.ptr();
     let p_logits = p_act + 4 * n_act as u64;
     let p_ids = p_logits + 4 * n_logits as u64;
     let p_w = p_ids + 4 * n_slots as u64;
@@ -206,7 +206,7 @@ pub(crate) fn moe_block(
         (&b.k().moe_dec_gate_up_bf16, 4, 4)
     };
     let mut l = Overlapped::new(b, gate_up);
-    l.arg(&p_act).arg(&p_down).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
+    l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
     // NVFP4 stages the token's x as B fragments (kernels/nvfp4.cuh: nv4_stage_round).
     let x_frags = if fp4 { frag_bytes(1, h) } else { 0 };
     if fp4 {
@@ -217,14 +217,13 @@ pub(crate) fn moe_block(
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: x_frags as u32,
     };
-    // SAFETY: moe_dec_gate_up_*(float* act, WeightDesc* down_desc, const int* slot_ids, const bf16*
-    // x, const WeightDesc* table, SharedDesc sh, int slots, int inter): grid (t * slots, inter /
-    // units) of 128 threads (NVFP4: 32 MOE_NV4_WARPS, the kernel's own number, row blocks <
-    // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
+    // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
+    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / units) of 128 threads
+    // (NVFP4: 32 MOE_NV4_WARPS, the kernel's own number, row blocks < ceil(inter / 16) of the
+    // tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
     // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
-    // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter floats
-    // and down_desc t * slots descs (8-byte aligned: the scratch's start); NVFP4: dynamic shared
-    // memory for ceil(h / 64) * 128 bytes (allowed above).
+    // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter
+    // floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes (allowed above).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
@@ -246,15 +245,17 @@ pub(crate) fn moe_block(
     allow_shared(down, staged, "moe_dec_down")?;
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: staged as u32 };
     let mut l = Overlapped::new(b, down);
-    l.arg(&p_out).arg(&p_act).arg(&p_down).arg(&p_w).arg(&ti).arg(&si).arg(&hi).arg(&ii);
-    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const WeightDesc* down_desc, const float*
-    // slot_w, int t, int slots, int hidden, int inter): dynamic shared memory for slots * inter
-    // floats (bf16) or slots * ceil(inter / 64) * 128 bytes (NVFP4), allowed above; bf16:
-    // MOE_DEC_THREADS threads a block; NVFP4: 32 MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS,
-    // t = 1) threads (the kernels' own numbers), grid (ceil(h / 16), t), row blocks < ceil(h / 16)
-    // of each down matrix's tiled layout; down_desc holds the t * slots slots' down matrices [h,
-    // inter] (written on this stream before, by the gate/up kernel), slot_w their multipliers; act
-    // holds t * slots * inter floats (rows of whole 8-byte pairs: inter % 8 == 0); out t * h values.
+    l.arg(&p_out).arg(&p_act).arg(&p_ids).arg(&p_w).arg(&table).arg(&sh).arg(&ti).arg(&si).arg(&hi).arg(&ii);
+    // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float*
+    // slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter):
+    // dynamic shared memory for slots * inter floats (bf16) or slots * ceil(inter / 64) * 128
+    // bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS threads a block; NVFP4: 32
+    // MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS, t = 1) threads (the kernels' own numbers),
+    // grid (ceil(h / 16), t), row blocks < ceil(h / 16) of each down matrix's tiled layout; the
+    // slot ids and weights (t * slots each, from the routing kernel, which has ended once the
+    // gate/up kernel lets this one start) pick down matrices [h, inter] of the table and the
+    // shared expert, as for the gate/up kernel; act holds t * slots * inter floats (rows of whole
+    // 8-byte pairs: inter % 8 == 0); out t * h values.
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(out)
 }
