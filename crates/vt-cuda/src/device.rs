@@ -54,6 +54,12 @@ impl CudaBackend {
         let count = Self::device_count()?;
         check(ordinal < count, "opening a device", || format!("device {ordinal} asked for, {count} found"))?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err(&format!("opening CUDA device {ordinal}"), e))?;
+        // SAFETY: cudarc's event tracking orders its own `CudaSlice`s across streams; vt makes
+        // none (its buffers are ordered on the backend's stream by its allocator). Left on, it
+        // makes this context's first `new_stream` synchronise the device's whole (primary)
+        // context: that waits on every other backend's work in the process, and fails while
+        // another backend has a step's capture open (tests/recorded.rs).
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| driver_err("creating a stream", e))?;
         let alloc = Arc::new(crate::alloc::new_allocator(mode, stream));
         let kernels = Kernels::load(&ctx)?;

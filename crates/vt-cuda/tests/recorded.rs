@@ -4,6 +4,12 @@
 //! recording's tables have room for) add exact zeros, so the logits must be bit-identical. Enough
 //! steps run that the tables outgrow what the first recording has room for and the sequence
 //! records again.
+//!
+//! Run single-threaded (`--test-threads=1`, as tools/gpu/run_suite.sh does): while one test holds
+//! a step's capture open, what other threads' tests do on the device meanwhile (loading and
+//! dropping models and backends) can invalidate it (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED at
+//! the capture's end), which `a_backend_opens_while_another_records`, whose capture stays open
+//! while a whole backend opens, shows in a parallel run.
 #![cfg(feature = "cuda")]
 
 use std::path::Path;
@@ -344,6 +350,27 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     let other = CudaBackend::new().unwrap();
     let mut other_pool = other.new_kv_pool(&[layout]).unwrap();
     assert!(other.replay(&mut g, &mut other_pool, &step(&[1], &[5], vec![])).is_err(), "another backend's recording");
+}
+
+/// A backend opened while another records a step (its capture open) opens and computes, and the
+/// recording still finishes and replays: opening a device must not synchronise the device's whole
+/// context, which an open capture forbids (an embedding process's other engine may be recording
+/// at any time).
+#[test]
+fn a_backend_opens_while_another_records() {
+    let b = CudaBackend::new().unwrap();
+    let rows: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    let table = b.from_f32(&[3, 8], &rows).unwrap();
+    let rec = b.recorder(&[0]).unwrap().unwrap();
+    let x = rec.embedding(&table, &[2]).unwrap();
+    let other = CudaBackend::new().expect("a backend opened while another's capture is open");
+    let y = other.from_f32(&[2], &[1.0, 2.0]).unwrap();
+    assert_eq!(other.to_f32(&y).unwrap(), [1.0, 2.0]);
+    let mut g = b.finish_recording(rec).unwrap();
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: 1, head_dim: 8, blocks: 2 }]).unwrap();
+    let step = ReplayInputs { ids: &[1], positions: &[0], attention: vec![], delta_net: Vec::new() };
+    assert!(b.replay(&mut g, &mut pool, &step).unwrap());
+    assert_eq!(b.to_f32(&x).unwrap(), rows[8..16], "the replayed id's row");
 }
 
 /// Steps of several sequences replay the pool's recording for their bucket of `BATCH_ROWS` (the
