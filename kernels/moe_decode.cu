@@ -94,11 +94,12 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
 // The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM): each
 // block takes an equal share of the output rows, a token at a time, and its warps stream them. An
 // item's loads go in one round at Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 chunks per
-// lane). The down kernels look up the slots' matrices and load their first round of weights
-// before they wait for the gate/up kernel: the routing they read is the kernel's before it
-// (moe_dec_gate_up). The bf16 kernel then copies each token's SwiGLU activations to dynamic shared
-// memory, where every warp's chunk reads find them at once (read from global memory, each of
-// those reads waited on a round trip to L2 between the weight loads and the arithmetic).
+// lane). The down kernels look up the slots' matrices before they wait for the gate/up kernel
+// (the routing they read is the kernel's before it: moe_dec_gate_up); the NVFP4 ones also load
+// their first round of weights then. The bf16 kernel copies each token's SwiGLU activations to
+// dynamic shared memory, where every warp's chunk reads find them at once (read from global
+// memory, each of those reads waited on a round trip to L2 between the weight loads and the
+// arithmetic).
 // Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
 // of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
 #define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))

@@ -4,9 +4,9 @@
 //! down projections with the weighted combine, each launch overlapping the previous kernel's end
 //! (launch.rs: before they wait, the logits kernel reads router weights and the shared expert's
 //! gate/up blocks theirs; the down kernel, which the gate/up blocks let start only once they have
-//! waited, reads the routing and its first weights; the routing kernel reads nothing). Experts are
-//! read through the `MoeExperts`' resident expert table (table.rs), the shared expert through its
-//! own weights.
+//! waited, reads the routing and, for NVFP4, its first weights; the routing kernel reads
+//! nothing). Experts are read through the `MoeExperts`' resident expert table (table.rs), the
+//! shared expert through its own weights.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use vt_core::{DType, MoeExperts, Ops, Result, Router, SharedExpert, Weight};
