@@ -256,15 +256,29 @@ impl FusedOps for CudaBackend {
     }
 
     fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
-        if gdn::decode::fits(step, states) {
-            return gdn::decode::step(self, step, states);
+        self.gated_delta_waves(step, &[states.len()], states)
+    }
+
+    /// One call for all the waves, as a recording registers it and its replays give it: the
+    /// fused kernels, or the composed ops over states the recording holds fixed.
+    fn gated_delta_waves(
+        &self,
+        step: &GdnStep<'_, Self>,
+        waves: &[usize],
+        states: &mut [GdnState<'_, Self>],
+    ) -> Result<Tensor<Self>> {
+        let op = "gated_delta_step";
+        args::gdn_waves(self, waves, states.len(), step)?;
+        if gdn::decode::fits(step, waves, states) {
+            return gdn::decode::waves(self, step, waves, states);
         }
         if let Some(r) = self.recording() {
             // The composed ops address the states directly: replays must pass these ones.
             let fixed = states.iter().map(|s| (s.conv.buffer().ptr(), s.recurrent.buffer().ptr())).collect();
-            r.fixed_states("gated_delta_step", fixed)?;
+            r.fixed_states(op, fixed)?;
         }
-        vt_core::backend::composed::gated_delta_step(self, step, states)
+        let composed = vt_core::backend::composed::gated_delta_step;
+        vt_core::backend::composed::gated_delta_waves(self, step, waves, states, |s, st| composed(self, s, st))
     }
 
     fn attention_decode(

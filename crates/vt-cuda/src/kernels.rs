@@ -270,6 +270,7 @@ mod tests {
             ("moe_prefill.cu", crate::ops::moe::routing_mirrors()),
             ("attn_decode.cu", crate::ops::attention::decode::mirrors()),
             ("gdn_chunk.cu", crate::ops::gdn::chunk::mirrors()),
+            ("gdn_decode.cu", crate::ops::gdn::decode::mirrors()),
             ("sample.cu", crate::ops::sample::mirrors()),
             ("w4a16.cu", [crate::w4a16::mirrors(), crate::nvfp4::mirrors()].concat()),
         ];

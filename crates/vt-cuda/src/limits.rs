@@ -63,6 +63,9 @@ shared! {
     /// The decode gated delta rule: key and value dim, value columns per block.
     GDN_D: usize = 128;
     GDN_COLS: usize = 32;
+    /// Most positions a sequence steps in one call of the decode gated delta rule (the length of
+    /// its by-value `GdnWaves`): a verification of up to GDN_WAVES_MAX - 1 drafts.
+    GDN_WAVES_MAX: usize = 32;
     /// The grouped MoE prefill GEMMs (moe_prefill.cu): slots and weight rows per tile, inputs per
     /// pipeline stage, stages, threads.
     MP_BM: usize = 64;

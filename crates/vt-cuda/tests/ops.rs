@@ -46,6 +46,7 @@ vt_test_support::op_tests!(cuda() =>
     gated_delta_rule_long_at_model_heads,
     gated_delta_step_decode,
     gated_delta_step_batched_sequences,
+    gated_delta_waves_equal_their_steps,
     moe_every_router_and_expert_format,
     moe_block_decode_every_router_format_and_shared_expert,
     every_routing_ranks_a_nan_choice_last,

@@ -3,7 +3,7 @@
 //! What they check is the trait's contract; a backend checks only its own limits on top (a
 //! kernel's largest head dimension, its cache's layout).
 
-use super::{AttentionParams, Device, GdnDims, GdnInputs, KvSeq, Rope, RELEASED};
+use super::{AttentionParams, Device, GdnDims, GdnInputs, GdnStep, KvSeq, Rope, RELEASED};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router, RouterKind};
 use crate::{DType, Error, Result};
@@ -160,6 +160,25 @@ pub fn causal_conv1d<B: Device>(b: &B, x: &Tensor<B>, w: &Tensor<B>, state: &Ten
         || format!("input {:?}, weight {:?}, state {} {:?}", x.shape(), w.shape(), state.dtype(), state.shape()),
     )?;
     Ok((channels, kernel))
+}
+
+/// `FusedOps::gated_delta_waves`: `waves` non-empty, non-increasing, none empty, the first one
+/// every sequence, and as many rows in `step`'s per-row inputs as the waves hold; returns the
+/// rows.
+pub fn gdn_waves<B: Device>(b: &B, waves: &[usize], seqs: usize, step: &GdnStep<'_, B>) -> Result<usize> {
+    let rows: usize = waves.iter().sum();
+    let ordered = waves.first() == Some(&seqs) && waves.windows(2).all(|w| w[1] <= w[0]) && !waves.contains(&0);
+    ensure(b, ordered, "gated_delta_waves", || format!("waves {waves:?} for {seqs} sequences"))?;
+    let per_row = [step.qkv, step.a, step.b].iter().all(|t| t.shape().first() == Some(&rows));
+    ensure(b, per_row, "gated_delta_waves", || {
+        format!(
+            "{rows} rows of waves {waves:?} with qkv {:?}, a {:?}, b {:?}",
+            step.qkv.shape(),
+            step.a.shape(),
+            step.b.shape()
+        )
+    })?;
+    Ok(rows)
 }
 
 /// `KvOps::attention`: a sliding window holds at least one position.

@@ -3,7 +3,8 @@
 //! fused kernel does not fit.
 
 use super::sample::{check_picks, sample_row, SampleRow};
-use super::{AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, KvSeq, NormKind, Ops};
+use super::{check, AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, KvSeq};
+use super::{NormKind, Ops};
 use super::{Rope, SharedExpert};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
@@ -266,6 +267,25 @@ pub fn gated_delta_step<B: Ops>(b: &B, s: &GdnStep<'_, B>, states: &mut [GdnStat
             b.gated_delta_rule(&inputs, st.recurrent, GdnMode::Recurrent)
         })
         .collect::<Result<Vec<_>>>()?;
+    stack_rows(b, parts)
+}
+
+/// `FusedOps::gated_delta_waves` as a call of `step` (a `gated_delta_step`) per wave.
+pub fn gated_delta_waves<'s, B: Ops>(
+    b: &B,
+    s: &GdnStep<'_, B>,
+    waves: &[usize],
+    states: &mut [GdnState<'s, B>],
+    mut step: impl FnMut(&GdnStep<'_, B>, &mut [GdnState<'s, B>]) -> Result<Tensor<B>>,
+) -> Result<Tensor<B>> {
+    check::gdn_waves(b, waves, states.len(), s)?;
+    let mut parts = Vec::with_capacity(waves.len());
+    let mut row = 0;
+    for &n in waves {
+        let (qkv, a, beta) = (b.slice_rows(s.qkv, row, n)?, b.slice_rows(s.a, row, n)?, b.slice_rows(s.b, row, n)?);
+        parts.push(step(&GdnStep { qkv: &qkv, a: &a, b: &beta, ..*s }, &mut states[..n])?);
+        row += n;
+    }
     stack_rows(b, parts)
 }
 

@@ -81,6 +81,20 @@ pub trait FusedOps: KvOps {
         composed::gated_delta_step(self, step, states)
     }
 
+    /// Several single-token steps of each sequence in one call (a verification's positions):
+    /// `waves[j]` sequences, the first `waves[j]` of `states`, step at their `j`-th position
+    /// (`waves` non-increasing, `waves[0] == states.len()`), wave after wave. `step`'s rows are
+    /// the waves' rows in order (wave 0's `waves[0]` rows, then wave 1's, ...), and each computes
+    /// exactly what `gated_delta_step` there would -> `[rows, value_heads, value_dim]`.
+    fn gated_delta_waves(
+        &self,
+        step: &GdnStep<'_, Self>,
+        waves: &[usize],
+        states: &mut [GdnState<'_, Self>],
+    ) -> Result<Tensor<Self>> {
+        composed::gated_delta_waves(self, step, waves, states, |s, st| self.gated_delta_step(s, st))
+    }
+
     /// Attention of one new token for each of `seqs.len()` sequences in one pool layer (the same
     /// `layer` in each): row `i` of `q` `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads,
     /// head_dim]` sits at position `seqs[i].start`. Rotates q and k at those positions (`rope`),

@@ -188,9 +188,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// What a replay of `rows` (laid out as `layout`) over `p` is given: their ids and positions
-    /// in row order, and, per layer in step order, the tables in its pool layer or the delta-net
-    /// states of each wave's sequences (the calls `run_on` makes: one per wave, all of a decode
-    /// step's rows in one).
+    /// in row order, and, per layer in step order, the tables in its pool layer of each wave's
+    /// sequences, or the delta-net states of all of them (the calls `run_on` makes: an attention
+    /// call per wave, one delta-net call for all waves, all of a decode step's rows in one).
     fn replay_inputs<'a>(
         &self,
         rows: &'a [Row<'a>],
@@ -202,25 +202,32 @@ impl<B: Backend> Model<B> {
         let mut inputs = ReplayInputs { ids, positions, attention: Vec::new(), delta_net: Vec::new() };
         let seqs = |w: &super::layout::Wave| layout.order[..w.seqs].iter().map(|&i| &rows[i]);
         for l in &self.state_layout.layers {
-            for (j, w) in layout.waves.iter().enumerate() {
-                match *l {
-                    LayerSlot::Kv { group, pool_layer } => inputs.attention.push(
-                        seqs(w)
-                            .map(|r| KvSeq { layer: pool_layer, table: r.tables[group].as_slice(), start: r.pos + j })
-                            .collect(),
-                    ),
-                    LayerSlot::Gdn(g) => inputs.delta_net.push(
-                        seqs(w)
-                            .map(|r| {
-                                let s = r
-                                    .slot
-                                    .and_then(|s| slots[g].get(s))
-                                    .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
-                                Ok((&s.conv, &s.recurrent))
-                            })
-                            .collect::<Result<Vec<_>>>()?,
-                    ),
+            match *l {
+                LayerSlot::Kv { group, pool_layer } => {
+                    for (j, w) in layout.waves.iter().enumerate() {
+                        inputs.attention.push(
+                            seqs(w)
+                                .map(|r| KvSeq {
+                                    layer: pool_layer,
+                                    table: r.tables[group].as_slice(),
+                                    start: r.pos + j,
+                                })
+                                .collect(),
+                        )
+                    }
                 }
+                LayerSlot::Gdn(g) => inputs.delta_net.push(
+                    layout.order[..layout.stepwise()]
+                        .iter()
+                        .map(|&i| {
+                            let s = rows[i]
+                                .slot
+                                .and_then(|s| slots[g].get(s))
+                                .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
+                            Ok((&s.conv, &s.recurrent))
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ),
             }
         }
         Ok(inputs)

@@ -102,19 +102,27 @@ impl<B: Backend> DeltaNet<B> {
             .try_into()
             .map_err(|_| Error::input("linear_many returned too few outputs"))?;
         // Single-token steps (the batch runner puts them first, in waves), of one sequence or
-        // many: the recurrent form, one call per wave; prompt chunks a sequence at a time, in the
-        // chunked form. (As transformers: the recurrent form for single-token steps, the chunked
-        // form otherwise.)
+        // many: the recurrent form, one call for all the waves; prompt chunks a sequence at a
+        // time, in the chunked form. (As transformers: the recurrent form for single-token steps,
+        // the chunked form otherwise.)
         let o = if layout.one_wave() {
             b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), states)?
         } else {
             let (stepwise, prompts) = states.split_at_mut(layout.stepwise());
-            let mut parts = Vec::with_capacity(layout.waves.len() + layout.spans.len());
-            for w in &layout.waves {
-                let rows = |x: &Tensor<B>| b.slice_rows(x, w.row, w.seqs);
-                let (qkv, a, beta) = (rows(&qkv_in)?, rows(&a)?, rows(&beta_in)?);
-                let o = b.gated_delta_step(&self.step(&qkv, &a, &beta), &mut stepwise[..w.seqs])?;
-                parts.push(o.reshape(&[w.seqs, s.value_heads * s.value_dim])?);
+            let mut parts = Vec::with_capacity(1 + layout.spans.len());
+            let waves: Vec<usize> = layout.waves.iter().map(|w| w.seqs).collect();
+            let rows: usize = waves.iter().sum();
+            if rows > 0 {
+                let lead;
+                let (qkv, a, beta) = if rows == t {
+                    (&qkv_in, &a, &beta_in)
+                } else {
+                    let rows = |x: &Tensor<B>| b.slice_rows(x, 0, rows);
+                    lead = [rows(&qkv_in)?, rows(&a)?, rows(&beta_in)?];
+                    (&lead[0], &lead[1], &lead[2])
+                };
+                let o = b.gated_delta_waves(&self.step(qkv, a, beta), &waves, stepwise)?;
+                parts.push(o.reshape(&[rows, s.value_heads * s.value_dim])?);
             }
             let mut inputs = [Some(qkv_in), Some(a), Some(beta_in)];
             parts.extend(self.chunks(b, &mut inputs, &layout.spans, prompts)?);
@@ -162,15 +170,17 @@ impl<B: Backend> DeltaNet<B> {
     }
 
     /// Reruns the single-token steps of rows `rows` of a step's projected inputs (`saved`,
-    /// `qkv`, `a`, `b`), one row per state in `states`; their output is not needed.
+    /// `qkv`, `a`, `b`) over `states` in waves (`gated_delta_waves`: `rows` holds wave 0's row of
+    /// each state, then wave 1's, ...); their output is not needed.
     pub(super) fn rerun(
         &self,
         b: &B,
         [qkv, a, beta]: &[Tensor<B>; 3],
         rows: &[usize],
+        waves: &[usize],
         states: &mut [GdnState<'_, B>],
     ) -> Result<()> {
         let pick = |x: &Tensor<B>| gather_rows(b, x, rows);
-        b.gated_delta_step(&self.step(&pick(qkv)?, &pick(a)?, &pick(beta)?), states).map(drop)
+        b.gated_delta_waves(&self.step(&pick(qkv)?, &pick(a)?, &pick(beta)?), waves, states).map(drop)
     }
 }

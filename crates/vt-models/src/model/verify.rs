@@ -98,8 +98,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Restores the snapshot of each sequence that rejected drafts and reruns the delta rule over
-    /// its kept positions, a wave of single-token steps per position, batched over the sequences
-    /// of one step.
+    /// its kept positions: a `gated_delta_waves` call per layer for the sequences of one step.
     fn rerun_kept(
         &self,
         seqs: &[(&mut SeqState<B>, usize)],
@@ -123,26 +122,27 @@ impl<B: Backend> Model<B> {
             let group: Vec<usize> =
                 (0..own.len()).filter(|&j| !done[j] && Arc::ptr_eq(&units[own[j].0].0.saved, step)).collect();
             group.iter().for_each(|&j| done[j] = true);
-            let longest = group.iter().map(|&j| units[own[j].0].1).max().unwrap_or(0);
+            // The group, most kept positions first: wave `pos` reruns the first `waves[pos]`.
+            let mut wave_order: Vec<(usize, usize)> = group.iter().map(|&j| own[j]).collect();
+            wave_order.sort_by_key(|&(i, _)| std::cmp::Reverse(units[i].1));
+            let longest = wave_order.first().map_or(0, |&(i, _)| units[i].1);
+            let waves: Vec<usize> =
+                (0..longest).map(|pos| wave_order.iter().take_while(|&&(i, _)| units[i].1 > pos).count()).collect();
+            let rows: Vec<usize> = (0..longest)
+                .flat_map(|pos| wave_order[..waves[pos]].iter().map(move |&(i, _)| units[i].0.rows[pos]))
+                .collect();
             for (layer, &slot) in self.layers.iter().zip(&self.state_layout.layers) {
                 let (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) = (&layer.mixer, slot) else { continue };
                 let inputs = step.get(g).ok_or_else(|| Error::input("settle: the step kept no delta-net inputs"))?;
-                for pos in 0..longest {
-                    let wave: Vec<(usize, usize)> = (group.iter().map(|&j| own[j]))
-                        .filter(|&(i, _)| units[i].1 > pos)
-                        .map(|(i, slot)| (units[i].0.rows[pos], slot))
-                        .collect();
-                    let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
-                    let mut states = (wave.iter())
-                        .map(|&(_, s)| {
-                            let slot = by_slot.get_mut(s).and_then(Option::take);
-                            let slot = slot.ok_or_else(|| Error::input("settle: a slot outside the pool"))?;
-                            Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let rows: Vec<usize> = wave.iter().map(|w| w.0).collect();
-                    d.rerun(b, inputs, &rows, &mut states)?;
-                }
+                let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
+                let mut states = (wave_order.iter())
+                    .map(|&(_, s)| {
+                        let slot = by_slot.get_mut(s).and_then(Option::take);
+                        let slot = slot.ok_or_else(|| Error::input("settle: a slot outside the pool"))?;
+                        Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                d.rerun(b, inputs, &rows, &waves, &mut states)?;
             }
         }
         Ok(())

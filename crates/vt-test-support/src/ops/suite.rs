@@ -669,6 +669,74 @@ pub fn gated_delta_step_batched_sequences<G: Backend>(dev: &OnDevice<G>) {
     });
 }
 
+/// A verification's delta rule: sequences stepping several positions in one call, in waves
+/// (`gated_delta_waves`; more sequences than a launch serves, different lengths). Each backend's
+/// waves must equal its own wave-by-wave `gated_delta_step` calls bit for bit (what makes a
+/// verified position compute exactly what a decode step there computes), outputs and states.
+/// Key dim 128 takes CUDA's fused kernels, 32 its composed ops.
+pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
+    let mut r = Rng(0x3a7e);
+    let (taps, n) = (4, 67);
+    let waves = [n, 66, 40, 3];
+    let rows: usize = waves.iter().sum();
+    for (kh, vh, dk) in [(1, 2, 128), (2, 2, 32)] {
+        let channels = (2 * kh + vh) * dk;
+        let x = r.vec(rows * channels, 2.0);
+        let (a, bb) = (r.vec(rows * vh, 2.0), r.vec(rows * vh, 2.0));
+        let (a_log, dt_bias, conv) = (r.vec(vh, 1.0), r.vec(vh, 1.0), r.vec(channels * taps, 0.7));
+        on_both!(dev, &format!("gated_delta_waves {waves:?} [{kh}, {vh}, {dk}, {dk}]"), dev.u, |b| {
+            let (al, dt) = (small(b, &a_log), small(b, &dt_bias));
+            let cw = b.upload(DType::BF16, &[channels, taps], &bf16_bytes(&conv)).unwrap();
+            let fresh = || -> Vec<_> {
+                (0..n).map(|_| (b.zeros(&[channels, taps - 1]).unwrap(), b.zeros_f32(&[vh, dk, dk]).unwrap())).collect()
+            };
+            // Rows `at..at + len` of the inputs as a step.
+            let inputs = |at: usize, len: usize| {
+                let xt = act(b, &[len, channels], &x[at * channels..(at + len) * channels]);
+                (
+                    xt,
+                    act(b, &[len, vh], &a[at * vh..(at + len) * vh]),
+                    act(b, &[len, vh], &bb[at * vh..(at + len) * vh]),
+                )
+            };
+            let full = inputs(0, rows);
+            let step = GdnStep {
+                qkv: &full.0,
+                conv: &cw,
+                a: &full.1,
+                b: &full.2,
+                a_log: &al,
+                dt_bias: &dt,
+                key_heads: kh,
+                key_dim: dk,
+                value_heads: vh,
+                value_dim: dk,
+            };
+            let ends = |states: &[(_, _)]| -> Vec<f32> {
+                states.iter().flat_map(|(conv, recurrent)| [out(b, recurrent), out(b, conv)].concat()).collect()
+            };
+            let (mut together, mut apart) = (fresh(), fresh());
+            let mut seqs: Vec<_> = together.iter_mut().map(|(conv, recurrent)| GdnState { conv, recurrent }).collect();
+            let mut all = out(b, &b.gated_delta_waves(&step, &waves, &mut seqs).unwrap());
+            let mut by_wave = Vec::new();
+            let mut at = 0;
+            for &w in &waves {
+                let mut seqs: Vec<_> =
+                    apart.iter_mut().take(w).map(|(conv, recurrent)| GdnState { conv, recurrent }).collect();
+                let (qkv, a, beta) = inputs(at, w);
+                let wave = GdnStep { qkv: &qkv, a: &a, b: &beta, ..step };
+                by_wave.extend(out(b, &b.gated_delta_step(&wave, &mut seqs).unwrap()));
+                at += w;
+            }
+            let end = ends(&together);
+            let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&all, &by_wave) && same(&end, &ends(&apart)), "waves differ from their steps");
+            all.extend(end);
+            all
+        });
+    }
+}
+
 /// Attention decode of many sequences in one call: sequences of different lengths (one position to
 /// several splits, windows that released blocks or not) in shuffled blocks of one pool, q and k
 /// rotated at each sequence's own position, more sequences than one launch of the old kernels took.
