@@ -36,12 +36,32 @@ fn recorded_and_plain(b: &CudaBackend, dir: &Path) -> (String, Vec<u32>, Model<C
     (name, Reference::load(dir).prompt_ids, recorded, plain)
 }
 
+/// `recorded_and_plain` for every fixture, then for a model of random weights whose delta-net
+/// heads (key and value dim 128, as every Qwen3.5 size) take the fused decode kernels, which
+/// address each sequence's states through the buffer a replay fills; the fixtures' smaller heads
+/// take the composed ops.
+fn every_model(
+    b: &CudaBackend,
+) -> impl Iterator<Item = (String, Vec<u32>, Model<CudaBackend>, Model<CudaBackend>)> + '_ {
+    let fused = || {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/qwen35_fused_gdn");
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let model = |recorded| {
+            let mut m = Model::dummy(b, &ckpt, DummyWeights { seed: 5, nvfp4: false }).unwrap();
+            m.set_recorded_decode(recorded);
+            m
+        };
+        let prompt = (0..37).map(|i| (i * 7 + 3) % 300).collect();
+        ("qwen35_fused_gdn (random weights)".to_string(), prompt, model(true), model(false))
+    };
+    all_fixtures().into_iter().map(|dir| recorded_and_plain(b, &dir)).chain(std::iter::once_with(fused))
+}
+
 #[test]
 fn recorded_decode_equals_unrecorded_bit_for_bit() {
     let b = CudaBackend::new().unwrap();
     let mut failed = Vec::new();
-    for dir in all_fixtures() {
-        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+    for (name, prompt, recorded, plain) in every_model(&b) {
         let (mut rs, mut ps) = (recorded.new_state(4096).unwrap(), plain.new_state(4096).unwrap());
         let mut want = b.to_f32(&plain.forward(&prompt, &mut ps, Logits::Last).unwrap()).unwrap();
         let got = b.to_f32(&recorded.forward(&prompt, &mut rs, Logits::Last).unwrap()).unwrap();
@@ -78,8 +98,7 @@ fn interleaved_sequences_replay_over_scattered_blocks() {
     let b = CudaBackend::new().unwrap();
     let steps = 150;
     let mut failed = Vec::new();
-    for dir in all_fixtures() {
-        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+    for (name, prompt, recorded, plain) in every_model(&b) {
         let prompts = [&prompt[..], &prompt[..prompt.len() / 2 + 1]];
         let tokens = prompt.len() + steps + 1;
         let (rp, pp) = (
@@ -127,9 +146,8 @@ fn verification_replays_equal_unrecorded_bit_for_bit() {
     let b = CudaBackend::new().unwrap();
     let steps = 200;
     let mut failed = Vec::new();
-    for dir in all_fixtures() {
+    for (name, prompt, recorded, plain) in every_model(&b) {
         for n in [1, 3] {
-            let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
             let tokens = prompt.len() + 4 * steps + 8;
             let pool = |m: &Model<CudaBackend>| {
                 let c = m.pool_config(n, tokens, tokens);
@@ -274,8 +292,7 @@ fn every_sequence_records_at_its_first_decode_step() {
 fn a_reset_state_replays_its_recording_for_the_next_sequence() {
     let b = CudaBackend::new().unwrap();
     let mut failed = Vec::new();
-    for dir in all_fixtures() {
-        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+    for (name, prompt, recorded, plain) in every_model(&b) {
         let mut rs = recorded.new_state(4096).unwrap();
         // The first sequence: its first decode step records, the next two replay.
         recorded.forward(&prompt, &mut rs, Logits::Last).unwrap();
@@ -385,8 +402,7 @@ fn batched_decode_replays_equal_unrecorded_bit_for_bit() {
     let (steps, n) = (300, 5);
     assert!(BATCH_ROWS.contains(&8) && !BATCH_ROWS.contains(&5) && BATCH_ROWS.contains(&4));
     let mut failed = Vec::new();
-    for dir in all_fixtures() {
-        let (name, prompt, recorded, plain) = recorded_and_plain(&b, &dir);
+    for (name, prompt, recorded, plain) in every_model(&b) {
         let tokens = prompt.len() + steps + 1;
         let (rp, pp) = (
             recorded.new_pool(&recorded.pool_config(n, tokens, tokens)).unwrap(),
