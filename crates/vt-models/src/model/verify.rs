@@ -8,10 +8,11 @@
 //! overwritten before anything reads them). The Gated DeltaNet layers' conv and recurrent states
 //! cannot be truncated, so they are recomputed: before the step, each verifying sequence's slot
 //! is copied into a spare slot; the step keeps every delta-net layer's projected inputs (a few
-//! rows); a sequence that rejects some drafts gets its snapshot back and reruns the single-token
-//! delta rule over its kept rows. That costs one state copy per verifying sequence per step and,
-//! on a rejection, the delta rule's steps over the kept positions (no weight reads), instead of
-//! a state copy per verified position (docs/performance.md, "Speculative decoding").
+//! rows); a sequence that rejects some drafts takes the snapshot's slot as its own (its slot from
+//! the step goes back to the pool) and reruns the single-token delta rule over its kept rows.
+//! That costs one state copy per verifying sequence per step and, on a rejection, the delta
+//! rule's steps over the kept positions (no weight reads), instead of a state copy per verified
+//! position (docs/performance.md, "Speculative decoding").
 
 use std::sync::Arc;
 
@@ -83,10 +84,10 @@ impl<B: Backend> Model<B> {
     pub(super) fn settle_rank(&self, seqs: &mut [(&mut SeqState<B>, usize)]) -> Result<()> {
         Self::check_settle(seqs)?;
         let Some(shared) = seqs.first().map(|(s, _)| s.pool.clone()) else { return Ok(()) };
-        let units: Vec<(Unsettled<B>, usize)> =
+        let mut units: Vec<(Unsettled<B>, usize)> =
             seqs.iter_mut().map(|(s, keep)| (s.unsettled.take().expect("checked"), *keep)).collect();
         let mut p = lock(&shared);
-        let redone = self.rerun_kept(seqs, &units, &mut p);
+        let redone = self.rerun_kept(seqs, &mut units, &mut p);
         for ((s, _), (u, keep)) in seqs.iter_mut().zip(&units) {
             if let Some(slot) = u.snapshot {
                 p.give_slot(slot);
@@ -97,23 +98,26 @@ impl<B: Backend> Model<B> {
         redone
     }
 
-    /// Restores the snapshot of each sequence that rejected drafts and reruns the delta rule over
-    /// its kept positions: a `gated_delta_waves` call per layer for the sequences of one step.
+    /// Gives each sequence that rejected drafts its snapshot back and reruns the delta rule over
+    /// its kept positions: a `gated_delta_waves` call per layer for the sequences of one step. The
+    /// snapshot's slot becomes the sequence's (no copy back), and the unit then holds the slot the
+    /// sequence had, for the caller to give back.
     fn rerun_kept(
         &self,
-        seqs: &[(&mut SeqState<B>, usize)],
-        units: &[(Unsettled<B>, usize)],
+        seqs: &mut [(&mut SeqState<B>, usize)],
+        units: &mut [(Unsettled<B>, usize)],
         p: &mut super::pool::PoolInner<B>,
     ) -> Result<()> {
-        let redo: Vec<usize> = (0..units.len()).filter(|&i| units[i].1 < units[i].0.len).collect();
-        let mut own = Vec::with_capacity(redo.len());
-        let mut restore = Vec::with_capacity(redo.len());
-        for &i in &redo {
-            let (Some(snap), Some(slot)) = (units[i].0.snapshot, seqs[i].0.slot) else { continue };
-            restore.push((snap, slot));
-            own.push((i, slot));
+        let mut own = Vec::new();
+        for (i, ((s, _), (u, keep))) in seqs.iter_mut().zip(units.iter_mut()).enumerate() {
+            if *keep == u.len {
+                continue;
+            }
+            let (Some(snap), Some(slot)) = (u.snapshot, s.slot) else { continue };
+            (s.slot, u.snapshot) = (Some(snap), Some(slot));
+            own.push((i, snap));
         }
-        p.copy_slots(&restore)?;
+        let units = &*units;
         let b = &self.backend;
         let mut done = vec![false; own.len()];
         while let Some(first) = done.iter().position(|d| !d) {
