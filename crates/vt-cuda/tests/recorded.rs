@@ -45,7 +45,9 @@ fn every_model(
 ) -> impl Iterator<Item = (String, Vec<u32>, Model<CudaBackend>, Model<CudaBackend>)> + '_ {
     let fused = || {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/qwen35_fused_gdn");
-        let ckpt = Checkpoint::open(&dir).unwrap();
+        let config = vt_core::checkpoint::Config::from_file(&dir.join("config.json")).unwrap();
+        let tensors = vt_core::checkpoint::TensorStore::open_files(&dir, &[]).unwrap();
+        let ckpt = Checkpoint { dir, config, tensors };
         let model = |recorded| {
             let mut m = Model::dummy(b, &ckpt, DummyWeights { seed: 5, nvfp4: false }).unwrap();
             m.set_recorded_decode(recorded);
