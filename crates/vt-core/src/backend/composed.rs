@@ -279,6 +279,9 @@ pub fn gated_delta_waves<'s, B: Ops>(
     mut step: impl FnMut(&GdnStep<'_, B>, &mut [GdnState<'s, B>]) -> Result<Tensor<B>>,
 ) -> Result<Tensor<B>> {
     check::gdn_waves(b, waves, states.len(), s)?;
+    if let [_] = waves {
+        return step(s, states);
+    }
     let mut parts = Vec::with_capacity(waves.len());
     let mut row = 0;
     for &n in waves {

@@ -110,7 +110,7 @@ impl<B: Backend> DeltaNet<B> {
         } else {
             let (stepwise, prompts) = states.split_at_mut(layout.stepwise());
             let mut parts = Vec::with_capacity(1 + layout.spans.len());
-            let waves: Vec<usize> = layout.waves.iter().map(|w| w.seqs).collect();
+            let waves = layout.wave_sizes();
             let rows: usize = waves.iter().sum();
             if rows > 0 {
                 let lead;

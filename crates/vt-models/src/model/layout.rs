@@ -73,6 +73,11 @@ impl Layout {
         self.starts.len()
     }
 
+    /// The sequences of each wave (`FusedOps::gated_delta_waves`' `waves`).
+    pub(super) fn wave_sizes(&self) -> Vec<usize> {
+        self.waves.iter().map(|w| w.seqs).collect()
+    }
+
     /// Whether some sequence runs several single-token steps (a verification).
     pub(super) fn verifies(&self) -> bool {
         self.waves.len() > 1

@@ -20,6 +20,7 @@ use vt_core::{Backend, Error, GdnState, Result, Tensor};
 
 use super::batch::{StepOutput, StepSeq};
 use super::layer::Mixer;
+use super::layout::Layout;
 use super::pool::{lock, GdnSlot, LayerSlot};
 use super::state::SeqState;
 use super::{Logits, Model};
@@ -126,14 +127,14 @@ impl<B: Backend> Model<B> {
             let group: Vec<usize> =
                 (0..own.len()).filter(|&j| !done[j] && Arc::ptr_eq(&units[own[j].0].0.saved, step)).collect();
             group.iter().for_each(|&j| done[j] = true);
-            // The group, most kept positions first: wave `pos` reruns the first `waves[pos]`.
-            let mut wave_order: Vec<(usize, usize)> = group.iter().map(|&j| own[j]).collect();
-            wave_order.sort_by_key(|&(i, _)| std::cmp::Reverse(units[i].1));
-            let longest = wave_order.first().map_or(0, |&(i, _)| units[i].1);
-            let waves: Vec<usize> =
-                (0..longest).map(|pos| wave_order.iter().take_while(|&&(i, _)| units[i].1 > pos).count()).collect();
-            let rows: Vec<usize> = (0..longest)
-                .flat_map(|pos| wave_order[..waves[pos]].iter().map(move |&(i, _)| units[i].0.rows[pos]))
+            // The kept positions laid out as a step's single-token waves (most kept first): wave
+            // `pos` reruns the first `waves[pos]` of `wave_order`.
+            let group: Vec<(usize, usize)> = group.iter().map(|&j| own[j]).collect();
+            let kept = Layout::new(&group.iter().map(|&(i, _)| (units[i].1, 0, true)).collect::<Vec<_>>());
+            let wave_order: Vec<(usize, usize)> = kept.order.iter().map(|&k| group[k]).collect();
+            let waves = kept.wave_sizes();
+            let rows: Vec<usize> = (waves.iter().enumerate())
+                .flat_map(|(pos, &n)| wave_order[..n].iter().map(move |&(i, _)| units[i].0.rows[pos]))
                 .collect();
             for (layer, &slot) in self.layers.iter().zip(&self.state_layout.layers) {
                 let (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) = (&layer.mixer, slot) else { continue };
