@@ -255,6 +255,10 @@ impl FusedOps for CudaBackend {
         vt_core::backend::composed::moe_block(self, x, router, experts, shared)
     }
 
+    fn embed_argmax(&self, table: &Tensor<Self>, logits: &Tensor<Self>) -> Result<Tensor<Self>> {
+        crate::ops::argmax::embed_argmax(self, table, logits)
+    }
+
     fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
         self.gated_delta_waves(step, &[states.len()], states)
     }

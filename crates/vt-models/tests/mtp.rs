@@ -55,7 +55,7 @@ fn models_without_an_mtp_layer_say_so() {
         let mut st = m.new_state(16).unwrap();
         m.forward(&[1, 2], &mut st, Logits::Last).unwrap();
         let h = b.upload(vt_core::DType::F32, &[1, m.spec().hidden], &vec![0; 4 * m.spec().hidden]).unwrap();
-        let e = m.draft(&mut [DraftInput { state: &mut st, hidden: &h, next: &[3] }], 1).err().expect("no MTP");
+        let e = m.draft(&mut [DraftInput { state: &mut st, hidden: Some(&h), next: &[3] }], 1).err().expect("no MTP");
         assert!(e.to_string().contains("no MTP layer"), "{e}");
     }
 }
@@ -77,7 +77,7 @@ fn bad_draft_inputs_are_errors() {
     ];
     for (next, n, want) in cases {
         let hid = rows(n.max(1));
-        let e = m.draft(&mut [DraftInput { state: &mut st, hidden: &hid, next }], 2).err().expect(want);
+        let e = m.draft(&mut [DraftInput { state: &mut st, hidden: Some(&hid), next }], 2).err().expect(want);
         assert!(e.to_string().contains(want), "{e}");
         assert_eq!(st.mtp_len(), 0);
     }

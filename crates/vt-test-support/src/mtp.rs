@@ -102,7 +102,8 @@ fn feed<B: Backend>(
     let b = m.backend();
     assert_eq!(st.mtp_len(), rows.start, "fed rows must start where the MTP is");
     let hidden = r.hidden_rows(b, rows.clone());
-    let mut d = m.draft(&mut [DraftInput { state: st, hidden: &hidden, next: &r.next_ids[rows.clone()] }], k).unwrap();
+    let mut d =
+        m.draft(&mut [DraftInput { state: st, hidden: Some(&hidden), next: &r.next_ids[rows.clone()] }], k).unwrap();
     assert_eq!(st.mtp_len(), rows.end);
     match d.pop() {
         Some(d) => (d.tokens, b.to_f32(&d.logits).unwrap()),
@@ -127,7 +128,16 @@ fn check_chain(what: &str, r: &MtpReference, tokens: &[u32], logits: &[f32]) {
     assert!(d <= LOGIT_TOL, "{what}: max |dlogit| {d} > {LOGIT_TOL}");
 }
 
-/// The prompt's rows fed at once, then a chain of drafts: the reference's chain.
+/// Drafts `k` from the output the state kept at its last fed position (no rows fed).
+fn chain<B: Backend>(m: &Model<B>, st: &mut SeqState<B>, k: usize) -> vt_core::Result<(Vec<u32>, Vec<f32>)> {
+    let mut d = m.draft(&mut [DraftInput { state: st, hidden: None, next: &[] }], k)?;
+    let d = d.pop().expect("one sequence, one draft");
+    Ok((d.tokens, m.backend().to_f32(&d.logits).unwrap()))
+}
+
+/// The prompt's rows fed at once, then a chain of drafts: the reference's chain; the same when the
+/// chain starts in a later call, from the output the feed kept. Once the MTP is cut back, that
+/// output is gone, and a chain without rows is refused.
 pub fn draft_matches_reference<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
     for dir in mtp_fixtures() {
         let r = MtpReference::load(&dir);
@@ -138,6 +148,18 @@ pub fn draft_matches_reference<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
         run_target(&m, &dir, &r, &mut st, n);
         let (tokens, logits) = feed(&m, &r, &mut st, 0..n, r.draft_ids.len());
         check_chain(&name(&dir), &r, &tokens, &logits);
+
+        m.reset_state(&mut st).unwrap();
+        assert!(!st.mtp_ready(), "a reset state keeps no MTP output");
+        run_target(&m, &dir, &r, &mut st, n);
+        assert!(chain(&m, &mut st, 1).is_err(), "nothing fed: no output to chain from");
+        feed(&m, &r, &mut st, 0..n, 0);
+        assert!(st.mtp_ready());
+        assert!(chain(&m, &mut st, 0).is_err(), "no rows and no drafts is refused");
+        let (tokens, logits) = chain(&m, &mut st, r.draft_ids.len()).unwrap();
+        check_chain(&format!("{} chained in a later call", name(&dir)), &r, &tokens, &logits);
+        st.cut_mtp(n - 1);
+        assert!(!st.mtp_ready() && chain(&m, &mut st, 1).is_err(), "a cut MTP keeps no output");
     }
 }
 
@@ -166,26 +188,29 @@ pub fn draft_after_pieces_and_a_rejected_chain<B: Backend>(load: impl Fn(&Path) 
     }
 }
 
-/// Two sequences of one pool drafted in one call (one fed many rows, one a single row) each get
-/// what they get alone.
+/// Three sequences of one pool drafted in one call (one fed many rows, one a single row, one none:
+/// it chains from the output its earlier feed kept) each get what they get alone.
 pub fn batched_drafts_match_reference<B: Backend>(load: impl Fn(&Path) -> Model<B>) {
     for dir in mtp_fixtures() {
         let r = MtpReference::load(&dir);
         let m = load(&dir);
         let b = m.backend();
         let n = r.draft_start + 1;
-        let pool = m.new_pool(&m.pool_config(2, 4096, 4096)).unwrap();
-        let (mut a, mut c) = (pool.new_state().unwrap(), pool.new_state().unwrap());
+        let pool = m.new_pool(&m.pool_config(3, 4096, 4096)).unwrap();
+        let (mut a, mut c, mut e) = (pool.new_state().unwrap(), pool.new_state().unwrap(), pool.new_state().unwrap());
         run_target(&m, &dir, &r, &mut a, n);
         run_target(&m, &dir, &r, &mut c, n + 5);
         feed(&m, &r, &mut c, 0..n + 4, 0);
+        run_target(&m, &dir, &r, &mut e, n + 3);
+        feed(&m, &r, &mut e, 0..n + 3, 0);
         let (ha, hc) = (r.hidden_rows(b, 0..n), r.hidden_rows(b, n + 4..n + 5));
         let k = r.draft_ids.len();
         let drafts = m
             .draft(
                 &mut [
-                    DraftInput { state: &mut a, hidden: &ha, next: &r.next_ids[..n] },
-                    DraftInput { state: &mut c, hidden: &hc, next: &r.next_ids[n + 4..n + 5] },
+                    DraftInput { state: &mut a, hidden: Some(&ha), next: &r.next_ids[..n] },
+                    DraftInput { state: &mut c, hidden: Some(&hc), next: &r.next_ids[n + 4..n + 5] },
+                    DraftInput { state: &mut e, hidden: None, next: &[] },
                 ],
                 k,
             )
@@ -196,6 +221,10 @@ pub fn batched_drafts_match_reference<B: Backend>(load: impl Fn(&Path) -> Model<
         assert_eq!(drafts[1].tokens.len(), k);
         let d = max_abs_diff(&lc[..r.vocab], r.feed_row(n + 4));
         assert!(d <= LOGIT_TOL, "{} batched, second sequence: max |dlogit| {d}", name(&dir));
-        assert_eq!((a.mtp_len(), c.mtp_len()), (n, n + 5));
+        let le = b.to_f32(&drafts[2].logits).unwrap();
+        assert_eq!(drafts[2].tokens.len(), k);
+        let d = max_abs_diff(&le[..r.vocab], r.feed_row(n + 2));
+        assert!(d <= LOGIT_TOL, "{} batched, third sequence: max |dlogit| {d}", name(&dir));
+        assert_eq!((a.mtp_len(), c.mtp_len(), e.mtp_len()), (n, n + 5, n + 3));
     }
 }

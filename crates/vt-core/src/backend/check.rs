@@ -63,6 +63,17 @@ pub fn embedding<B: Device>(b: &B, table: &Tensor<B>, ids: &[u32]) -> Result<(us
     Ok((vocab, hidden))
 }
 
+/// `FusedOps::embed_argmax`: an `embedding` table and 2-D logits no wider than its vocabulary
+/// (so every pick is a row of it), at least one column; returns `(vocab, hidden)`.
+pub fn embed_argmax<B: Device>(b: &B, table: &Tensor<B>, logits: &Tensor<B>) -> Result<(usize, usize)> {
+    let (vocab, hidden) = embedding(b, table, &[])?;
+    let &[_, n] = logits.shape() else {
+        return Err(error(b, "embed_argmax", format_args!("logits must be 2-D, found {:?}", logits.shape())));
+    };
+    ensure(b, (1..=vocab).contains(&n), "embed_argmax", || format!("{n} logits a row for a vocabulary of {vocab}"))?;
+    Ok((vocab, hidden))
+}
+
 /// `Ops::rms_norm`: a weight of `x`'s last dimension, which it returns.
 pub fn rms_norm<B: Device>(b: &B, x: &Tensor<B>, w: &Tensor<B>) -> Result<usize> {
     let d = x.last_dim();

@@ -183,6 +183,13 @@ pub fn concat_rows<B: Device>(b: &B, parts: &[&Tensor<B>]) -> Result<Tensor<B>> 
     b.from_f32(&[data.len() / width.max(1), width], &data)
 }
 
+/// `FusedOps::embed_argmax`: the picks read back, then their rows.
+pub fn embed_argmax<B: Ops>(b: &B, table: &Tensor<B>, logits: &Tensor<B>) -> Result<Tensor<B>> {
+    check::embed_argmax(b, table, logits)?;
+    let ids: Vec<u32> = b.argmax_rows(logits, None)?.iter().map(|p| p.id).collect();
+    b.embedding(table, &ids)
+}
+
 /// `FusedOps::linear_many`: one `linear` per weight.
 pub fn linear_many<B: Ops>(b: &B, x: &Tensor<B>, ws: &[&Linear<B>]) -> Result<Vec<Tensor<B>>> {
     ws.iter().map(|w| b.linear(x, w)).collect()

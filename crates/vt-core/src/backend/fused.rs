@@ -73,6 +73,14 @@ pub trait FusedOps: KvOps {
         composed::moe_block(self, x, router, experts, shared)
     }
 
+    /// The `table` rows `[vocab, hidden]` of each row's greedy pick of `logits` `[rows, n]`
+    /// (`argmax_rows` without masks; `n` at most `vocab`) -> `[rows, hidden]`: the next input of
+    /// a chain of greedy drafts, picked where the logits are, so the chain reads no picks back
+    /// between its steps.
+    fn embed_argmax(&self, table: &Tensor<Self>, logits: &Tensor<Self>) -> Result<Tensor<Self>> {
+        composed::embed_argmax(self, table, logits)
+    }
+
     /// One decode token of a Gated DeltaNet mixer for each of `states.len()` sequences (row `i`
     /// of `step`'s inputs is sequence `i`'s): the convolution step (updating `states[i].conv`)
     /// and the recurrent gated delta rule (updating `states[i].recurrent`) ->

@@ -12,8 +12,7 @@ use crate::launch::{act, grid1, i32_of, launched, Overlapped};
 use crate::weight::float_code;
 
 pub(crate) fn embedding(b: &CudaBackend, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
-    let (vocab, hidden) = check::embedding(b, table, ids)?;
-    let dt = float_code(table, "embedding")?;
+    let (vocab, _) = check::embedding(b, table, ids)?;
     // A recorded step reads the ids its replays write.
     let (dev_ids, pi) = match b.recording() {
         Some(r) => (None, r.ids_at(ids.len(), vocab)?),
@@ -23,16 +22,25 @@ pub(crate) fn embedding(b: &CudaBackend, table: &CudaTensor, ids: &[u32]) -> Res
             (Some(buf), ptr)
         }
     };
-    let out = b.empty(DType::BF16, &[ids.len(), hidden])?;
+    let out = embed_rows(b, table, pi, ids.len());
+    drop(dev_ids); // freed in stream order, after the kernel
+    out
+}
+
+/// Queues the rows of `table` for the `n` ids at device address `ids` (each below the table's
+/// vocabulary: the caller's to ensure) -> `[n, hidden]`.
+pub(crate) fn embed_rows(b: &CudaBackend, table: &CudaTensor, ids: u64, n: usize) -> Result<CudaTensor> {
+    let dt = float_code(table, "embedding")?;
+    let hidden = table.last_dim();
+    let out = b.empty(DType::BF16, &[n, hidden])?;
     let (po, pt, h) = (out.buffer().ptr(), table.buffer().ptr(), i32_of(hidden, "hidden")?);
     let mut l = Overlapped::new(b, &b.k().embedding);
-    l.arg(&po).arg(&pt).arg(&dt).arg(&pi).arg(&h);
-    let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    l.arg(&po).arg(&pt).arg(&dt).arg(&ids).arg(&h);
+    let cfg = LaunchConfig { grid_dim: (i32_of(n, "rows")? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: embedding(bf16* out, const void* table, int dt, const unsigned* ids, int hidden):
-    // one block per id, every id < vocab (checked), out holds ids.len() * hidden values.
-    // The kernel starts with grid_dep_begin.
+    // one block per id, `ids` holds n ids below the table's vocabulary (the caller's contract),
+    // out holds n * hidden values. The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "embedding")? };
-    drop(dev_ids); // freed in stream order, after the kernel
     Ok(out)
 }
 

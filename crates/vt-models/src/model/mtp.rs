@@ -66,9 +66,11 @@ impl<B: Backend> Mtp<B> {
 /// One sequence's part of a `Model::draft` call.
 pub struct DraftInput<'a, B: Backend> {
     pub state: &'a mut SeqState<B>,
-    /// The model's last hidden states *before* its final norm (the residual stream after the last
-    /// layer), at positions `state.mtp_len()..`: `[next.len(), hidden]`.
-    pub hidden: &'a Tensor<B>,
+    /// The rows to feed: the model's last hidden states *before* its final norm (the residual
+    /// stream after the last layer), at positions `state.mtp_len()..`, `[next.len(), hidden]`.
+    /// `None` (and no `next`) where the last call fed every position the drafts need
+    /// (`SeqState::mtp_ready`): the drafts chain from the output it kept.
+    pub hidden: Option<&'a Tensor<B>>,
     /// The token at the position after each of those rows: the sequence's next tokens, the last
     /// one the token just sampled when the rows end at the sequence's end.
     pub next: &'a [u32],
@@ -84,7 +86,8 @@ pub struct Draft<B: Backend> {
 
 /// The rows a step of the MTP runs, in batch order.
 struct Step<'t, B: Backend> {
-    tokens: Vec<u32>,
+    /// The embeddings of the tokens after the rows' positions (before the MTP's norm).
+    embedded: Tensor<B>,
     /// The model's hidden states after its final norm, or the MTP's own output (chained rows).
     hidden: &'t Tensor<B>,
     layout: Layout,
@@ -110,9 +113,11 @@ impl<B: Backend> Model<B> {
     /// drafts in the order of `seqs` (empty for `k = 0`: feeding only).
     ///
     /// Fed rows advance `mtp_len()` (they must lie within what the model has run: `mtp_len() +
-    /// rows <= len()`); the chain's rows are scratch, overwritten when later rows are fed, so a
-    /// sequence cut back to its accepted tokens needs nothing else. The chain writes KV up to
-    /// position `mtp_len() + k - 2`: blocks are taken for it (all or none).
+    /// rows <= len()`), and the state keeps the MTP's output at the last one, so a sequence fed
+    /// in one call drafts in the next without rows (`DraftInput::hidden` `None`). The chain's rows
+    /// are scratch, overwritten when later rows are fed, so a sequence cut back to its accepted
+    /// tokens needs nothing else. The chain writes KV up to position `mtp_len() + k - 2`: blocks
+    /// are taken for it (all or none).
     pub fn draft(&self, seqs: &mut [DraftInput<'_, B>], k: usize) -> Result<Vec<Draft<B>>> {
         if self.peers.is_empty() {
             return self.draft_rank(seqs, k);
@@ -135,8 +140,67 @@ impl<B: Backend> Model<B> {
             let end = s.state.mtp_len() + s.next.len() + k.saturating_sub(1);
             s.state.grow(&mut p, end)?;
         }
+        let table = self.embed_table()?;
+        let mut fed: Vec<&mut DraftInput<'_, B>> = seqs.iter_mut().filter(|s| s.hidden.is_some()).collect();
+        if !fed.is_empty() {
+            self.feed_mtp(mtp, &mut fed, &mut p, group, pool_layer)?;
+        }
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        // Each sequence's output at its last fed position, then k - 1 chained single rows, each
+        // reading the previous row's pick where the logits are (`embed_argmax`): the picks are
+        // read back once, at the end.
+        let last = (seqs.iter())
+            .map(|s| s.state.mtp_out.as_ref().ok_or_else(|| Error::input("draft: the MTP has no output to chain from")))
+            .collect::<Result<Vec<_>>>()?;
+        let stacked;
+        let first = match last.as_slice() {
+            &[one] => one,
+            many => {
+                stacked = b.concat_rows(many)?;
+                &stacked
+            }
+        };
+        let tables: Vec<Vec<u32>> = seqs.iter().map(|s| s.state.tables[group].clone()).collect();
+        let (mut chained, mut logits) = (None, Vec::with_capacity(k));
+        for j in 0..k {
+            let out = chained.as_ref().unwrap_or(first);
+            let l = self.logits(b, out)?;
+            if j + 1 < k {
+                // One row per sequence, in the given order (equal lengths keep it).
+                let layout = Layout::new(&seqs.iter().map(|s| (1, s.state.mtp_len() + j, false)).collect::<Vec<_>>());
+                let chain = Step { embedded: b.embed_argmax(table, &l)?, hidden: out, layout };
+                chained = Some(self.mtp_step(mtp, &chain, &mut p, pool_layer, &tables)?);
+            }
+            logits.push(l);
+        }
+        // Row `j * n + r`: draft j of sequence r (the picks the chain embedded).
+        let n = seqs.len();
+        let picks = b.argmax_rows(&b.concat_rows(&logits.iter().collect::<Vec<_>>())?, None)?;
+        if picks.iter().any(|p| !p.finite) {
+            return Err(Error::input("draft: the MTP's logits are not finite"));
+        }
+        (0..n)
+            .map(|r| {
+                let rows = logits.iter().map(|l| b.slice_rows(l, r, 1)).collect::<Result<Vec<_>>>()?;
+                Ok(Draft { tokens: (0..k).map(|j| picks[j * n + r].id).collect(), logits: stack_rows(b, rows)? })
+            })
+            .collect()
+    }
 
-        // The feed: every sequence's rows, single rows first (the attention batches them).
+    /// Feeds the MTP every row of `seqs` (each has `hidden`): their KV, and each state's output at
+    /// its last fed position (`SeqState::mtp_out`), where its drafts chain from.
+    fn feed_mtp(
+        &self,
+        mtp: &Mtp<B>,
+        seqs: &mut [&mut DraftInput<'_, B>],
+        p: &mut PoolInner<B>,
+        group: usize,
+        pool_layer: usize,
+    ) -> Result<()> {
+        let b = &self.backend;
+        // Single rows first (the attention batches them).
         let layout = Layout::new(&seqs.iter().map(|s| (s.next.len(), s.state.mtp_len(), false)).collect::<Vec<_>>());
         let order = layout.order.clone();
         // Each sequence's (first row, rows, first position), in `order`.
@@ -146,11 +210,12 @@ impl<B: Backend> Model<B> {
                 Some(c) => (layout.spans[c].row, layout.spans[c].len, layout.spans[c].start),
             })
             .collect();
+        let hidden: Vec<&Tensor<B>> = order.iter().filter_map(|&i| seqs[i].hidden).collect();
         let stacked;
-        let hidden = match order.as_slice() {
-            &[i] => seqs[i].hidden,
-            _ => {
-                stacked = b.concat_rows(&order.iter().map(|&i| seqs[i].hidden).collect::<Vec<_>>())?;
+        let hidden = match hidden.as_slice() {
+            &[one] => one,
+            many => {
+                stacked = b.concat_rows(many)?;
                 &stacked
             }
         };
@@ -164,50 +229,16 @@ impl<B: Backend> Model<B> {
             None => hidden,
         };
         let normed = b.rms_norm(hidden, &self.norm, self.spec.eps, self.spec.norm)?;
-        let tokens = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
-        let step = Step { tokens, hidden: &normed, layout };
+        let tokens: Vec<u32> = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
+        let step = Step { embedded: b.embedding(self.embed_table()?, &tokens)?, hidden: &normed, layout };
         let tables: Vec<Vec<u32>> = order.iter().map(|&i| seqs[i].state.tables[group].clone()).collect();
-        let mut out = self.mtp_step(mtp, &step, &mut p, pool_layer, &tables)?;
-        for (&i, &(_, len, start)) in order.iter().zip(&parts) {
-            seqs[i].state.mtp_pos = start + len;
+        let out = self.mtp_step(mtp, &step, p, pool_layer, &tables)?;
+        for (&i, &(row, len, start)) in order.iter().zip(&parts) {
+            let s = &mut seqs[i].state;
+            s.mtp_out = Some(b.slice_rows(&out, row + len - 1, 1)?);
+            s.mtp_pos = start + len;
         }
-        if k == 0 {
-            return Ok(Vec::new());
-        }
-        // Each sequence's last fed row, then k - 1 chained single rows.
-        let last: Vec<Tensor<B>> =
-            parts.iter().map(|&(row, len, _)| b.slice_rows(&out, row + len - 1, 1)).collect::<Result<_>>()?;
-        out = stack_rows(b, last)?;
-        let mut logits = Vec::with_capacity(k);
-        let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(k);
-        for j in 0..k {
-            let l = self.logits(b, &out)?;
-            let picks = b.argmax_rows(&l, None)?;
-            if picks.iter().any(|p| !p.finite) {
-                return Err(Error::input("draft: the MTP's logits are not finite"));
-            }
-            tokens.push(picks.iter().map(|p| p.id).collect());
-            logits.push(l);
-            if j + 1 == k {
-                break;
-            }
-            // One row per sequence, in `order` (equal lengths keep the given order).
-            let layout =
-                Layout::new(&parts.iter().map(|&(_, len, start)| (1, start + len + j, false)).collect::<Vec<_>>());
-            let chain = Step { tokens: tokens[j].clone(), hidden: &out, layout };
-            out = self.mtp_step(mtp, &chain, &mut p, pool_layer, &tables)?;
-        }
-        // Back to the caller's order: sequence i ran as batch row `at[i]`.
-        let mut at = vec![0; order.len()];
-        for (r, &i) in order.iter().enumerate() {
-            at[i] = r;
-        }
-        at.iter()
-            .map(|&r| {
-                let rows = logits.iter().map(|l| b.slice_rows(l, r, 1)).collect::<Result<Vec<_>>>()?;
-                Ok(Draft { tokens: tokens.iter().map(|t| t[r]).collect(), logits: stack_rows(b, rows)? })
-            })
-            .collect()
+        Ok(())
     }
 
     /// Checks `draft`'s inputs against the sequences' pool (which holds the blocks the draft
@@ -230,11 +261,19 @@ impl<B: Backend> Model<B> {
             if !std::sync::Arc::ptr_eq(&s.state.pool, &shared) {
                 return Err(Error::input("the sequences of one draft must share a pool"));
             }
-            if rows == 0 || s.hidden.shape() != [rows, h] {
-                return Err(Error::input(format!(
-                    "draft: {rows} next tokens need hidden states [{rows}, {h}] (at least one row), found {:?}",
-                    s.hidden.shape()
-                )));
+            match s.hidden {
+                Some(hidden) if rows == 0 || hidden.shape() != [rows, h] => {
+                    return Err(Error::input(format!(
+                        "draft: {rows} next tokens need hidden states [{rows}, {h}] (at least one row), found {:?}",
+                        hidden.shape()
+                    )))
+                }
+                None if rows > 0 || k == 0 || !s.state.mtp_ready() => {
+                    return Err(Error::input(
+                        "draft: no rows to feed, and no output of the MTP at the sequence's end to chain from",
+                    ))
+                }
+                _ => {}
             }
             if start + rows > s.state.pos {
                 return Err(Error::input(format!(
@@ -263,6 +302,14 @@ impl<B: Backend> Model<B> {
         Ok(shared)
     }
 
+    /// The token embedding table the MTP's rows read.
+    fn embed_table(&self) -> Result<&Tensor<B>> {
+        match &self.embed.weight {
+            Weight::Dense(table) => Ok(table),
+            _ => Err(Error::tensor("embed_tokens", "quantized embeddings are not supported")),
+        }
+    }
+
     /// One MTP forward over `step`'s rows (each span attending through its sequence's table in
     /// `tables`, batch order); returns the MTP's output after its norm, `[rows, hidden]`.
     fn mtp_step(
@@ -274,14 +321,11 @@ impl<B: Backend> Model<B> {
         tables: &[Vec<u32>],
     ) -> Result<Tensor<B>> {
         let (b, h, eps, kind) = (&self.backend, self.spec.hidden, self.spec.eps, self.spec.norm);
-        let Weight::Dense(table) = &self.embed.weight else {
-            return Err(Error::tensor("embed_tokens", "quantized embeddings are not supported"));
-        };
         let Mixer::Attention(attn) = &mtp.layer.mixer else {
             return Err(Error::input("the MTP layer must be an attention layer"));
         };
-        let rows = step.tokens.len();
-        let e = b.rms_norm(&b.embedding(table, &step.tokens)?, &mtp.pre_fc_norm_embedding, eps, kind)?;
+        let rows = step.embedded.rows();
+        let e = b.rms_norm(&step.embedded, &mtp.pre_fc_norm_embedding, eps, kind)?;
         let hn = b.rms_norm(step.hidden, &mtp.pre_fc_norm_hidden, eps, kind)?;
         // [e | hn] per row: the two stacked, then gathered row by row (a copy, exact).
         let both = b.concat_rows(&[&e, &hn])?;

@@ -135,7 +135,9 @@ impl<B: Backend> Model<B> {
             return Err(Error::input("sequence state belongs to another model"));
         }
         let zeros = (self.peers.iter())
-            .map(|m| seqs.iter().map(|s| zeros_like(&m.backend, s.hidden)).collect::<Result<Vec<_>>>())
+            .map(|m| {
+                seqs.iter().map(|s| s.hidden.map(|h| zeros_like(&m.backend, h)).transpose()).collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?;
         let next: Vec<&[u32]> = seqs.iter().map(|s| s.next).collect();
         let mut peer_states: Vec<Vec<SeqState<B>>> =
@@ -143,7 +145,7 @@ impl<B: Backend> Model<B> {
         let mut per_rank: Vec<Vec<DraftInput<'_, B>>> = (0..n).map(|_| Vec::with_capacity(next.len())).collect();
         for (i, states) in peer_states.iter_mut().enumerate() {
             for (r, state) in states.iter_mut().enumerate() {
-                per_rank[r].push(DraftInput { state, hidden: &zeros[r][i], next: next[i] });
+                per_rank[r].push(DraftInput { state, hidden: zeros[r][i].as_ref(), next: next[i] });
             }
         }
         let out = self.on_ranks(

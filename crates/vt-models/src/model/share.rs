@@ -189,6 +189,7 @@ impl<B: Backend> StatePool<B> {
         // The MTP layer's KV lives in the same blocks: the sequences that wrote them fed it there
         // (an engine drafting with the MTP feeds every position it runs).
         state.mtp_pos = tokens;
+        state.mtp_out = None;
         Ok(())
     }
 
@@ -235,6 +236,7 @@ impl<B: Backend> StatePool<B> {
         child.pos = state.pos;
         // The MTP layer's KV lives in the same blocks: the child has it as far as `state` has.
         child.mtp_pos = state.mtp_len();
+        child.mtp_out = None;
         drop(p);
         let pairs = state.peers.iter().zip(child.peers.iter_mut());
         self.peers.iter().zip(pairs).try_for_each(|(pool, (s, c))| pool.fork_into(s, c))

@@ -2,7 +2,7 @@
 //! its recorded steps. The state owns its blocks and slot: resetting or dropping it gives
 //! them back to the pool.
 
-use vt_core::{Backend, Error, Result, RELEASED};
+use vt_core::{Backend, Error, Result, Tensor, RELEASED};
 
 use super::decode_graph::{RecordedStep, StepShape};
 use super::pool::{lock, PoolInner, Shared};
@@ -14,6 +14,10 @@ pub struct SeqState<B: Backend> {
     pub(super) pos: usize,
     /// Positions the MTP layer's KV holds from the model's hidden states (mtp.rs); at most `pos`.
     pub(super) mtp_pos: usize,
+    /// The MTP layer's output (after its norm) at position `mtp_pos - 1`, `[1, hidden]`, kept by
+    /// the call that fed that position: a later draft chains from it without feeding the row
+    /// again. Dropped whenever `mtp_pos` moves back.
+    pub(super) mtp_out: Option<Tensor<B>>,
     pub(super) pool: Shared<B>,
     /// One block table per group of the pool (`RELEASED` where a sliding group gave a block back).
     pub(super) tables: Vec<Vec<u32>>,
@@ -61,6 +65,7 @@ impl<B: Backend> SeqState<B> {
         Ok(SeqState {
             pos: 0,
             mtp_pos: 0,
+            mtp_out: None,
             pool: pool.clone(),
             tables,
             slot,
@@ -90,8 +95,22 @@ impl<B: Backend> SeqState<B> {
     /// Keeps only the MTP layer's first `positions` positions: a drafter feeds it again from there
     /// (`Model::draft`; rows fed again overwrite their own KV).
     pub fn cut_mtp(&mut self, positions: usize) {
-        self.mtp_pos = self.mtp_pos.min(positions);
+        self.cut_mtp_here(positions);
         self.peers.iter_mut().for_each(|p| p.cut_mtp(positions));
+    }
+
+    /// Whether a draft can chain from the MTP's last fed position without feeding it again
+    /// (`DraftInput::hidden` `None`): the call that fed it kept its output.
+    pub fn mtp_ready(&self) -> bool {
+        self.mtp_out.is_some() && self.mtp_pos <= self.pos
+    }
+
+    /// `cut_mtp` of this rank's state.
+    fn cut_mtp_here(&mut self, positions: usize) {
+        if positions < self.mtp_pos {
+            self.mtp_pos = positions;
+            self.mtp_out = None;
+        }
     }
 
     /// Steps recorded for this sequence so far (each replayed until its tables change).
@@ -180,7 +199,7 @@ impl<B: Backend> SeqState<B> {
             }
         }
         self.pos = self.pos.min(positions);
-        self.mtp_pos = self.mtp_pos.min(positions);
+        self.cut_mtp_here(positions);
         Ok(())
     }
 }
@@ -235,7 +254,7 @@ impl<B: Backend> Model<B> {
         }
         drop(p);
         state.pos = 0;
-        state.mtp_pos = 0;
+        state.cut_mtp_here(0);
         state.recorded.retain(|(_, r)| matches!(r, Recorded::Step(_)));
         if state.peers.len() != self.peers.len() {
             return Err(Error::input("reset_state: the state was made by a model split over other ranks"));

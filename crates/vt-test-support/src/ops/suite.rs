@@ -938,7 +938,8 @@ pub fn add_rms_norm_fused<G: Backend>(dev: &OnDevice<G>) {
 /// Greedy picks on the device are vt_core::argmax of each row, exactly: ties, NaNs and infinities
 /// included, over a vocabulary-sized row and short ones; under a grammar's masks they are
 /// vt_core's masked_argmax; and a row with any NaN or infinity, even one NaN among 248k values or
-/// one under a disallowed token, is flagged (`Pick::finite`) as vt-cpu flags it.
+/// one under a disallowed token, is flagged (`Pick::finite`) as vt-cpu flags it. The embedding of
+/// the picks made on the device (`embed_argmax`) is the table's rows of those same picks.
 pub fn argmax_rows_on_the_device_is_the_greedy_rule<G: Backend>(dev: &OnDevice<G>) {
     let gpu = &dev.backend;
     let cpu = CpuBackend::new();
@@ -981,6 +982,20 @@ pub fn argmax_rows_on_the_device_is_the_greedy_rule<G: Backend>(dev: &OnDevice<G
         }
         if n > 2 {
             assert!(!gpu.argmax_rows(&x, None).unwrap()[5].finite, "one NaN in {n}");
+        }
+        // A table whose rows differ in their first three (bf16-exact) values.
+        let id_row = |i: usize| -> Vec<f32> {
+            let digits = [i % 256, i / 256 % 256, i / 65536];
+            (0..8).map(|j| digits.get(j).map_or(j as f32, |&d| d as f32)).collect()
+        };
+        let table_of = |vocab: usize| {
+            let flat: Vec<f32> = (0..vocab).flat_map(id_row).collect();
+            gpu.upload(DType::BF16, &[vocab, 8], &bf16_bytes(&flat)).unwrap()
+        };
+        let picked: Vec<f32> = rows.iter().flat_map(|row| id_row(vt_core::argmax(row))).collect();
+        assert_eq!(out(gpu, &gpu.embed_argmax(&table_of(n + 3), &x).unwrap()), picked, "embedded picks, width {n}");
+        if n > 1 {
+            assert!(gpu.embed_argmax(&table_of(n - 1), &x).is_err(), "logits wider than the table are refused");
         }
         let short = &bits[..bits.len() - 1];
         assert!(gpu.argmax_rows(&x, Some(short)).is_err(), "a mask of the wrong size is refused");

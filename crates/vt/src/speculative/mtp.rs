@@ -5,8 +5,9 @@
 //! with the target: after every step it feeds each sequence's kept positions (`observe`: one
 //! batched call, the last row's next token the one just sampled), so wherever the target's KV is
 //! (a block the prefix cache keeps, one a fork shares), the MTP's is too. To draft (`propose`) it
-//! feeds a sequence's last position again, whose output starts the chain, and chains `k` drafts
-//! (one batched call per draft count). The drafts are the MTP's argmax tokens: the acceptance rule
+//! chains `k` drafts (one batched call per draft count) from the MTP's output at the sequence's
+//! last position, which the state kept from `observe`'s feed (or, for a sequence whose state did
+//! not keep it, a fork, from feeding that position again). The drafts are the MTP's argmax tokens: the acceptance rule
 //! takes them as a point mass, so sampled requests keep their distribution.
 
 use std::collections::HashMap;
@@ -53,17 +54,19 @@ impl<B: Backend> Drafter<B> for MtpDrafter<B> {
 
     fn propose(&mut self, model: &Model<B>, seqs: &mut [Proposal<'_, B>]) -> Result<Vec<Draft>> {
         let b = model.backend();
-        // Each proposal's rows to feed, from its last position (earlier where a fork has not fed
-        // its own yet); none for a sequence not observed yet.
+        // Each proposal's rows to feed: none where the MTP kept its output at the last position
+        // (`observe` fed it), else from its last position (earlier where a fork has not fed its
+        // own yet). No drafts for a sequence not observed yet.
         let mut feeds = Vec::with_capacity(seqs.len());
         for p in seqs.iter_mut() {
             let pos = p.state.len();
             let feed = match self.held.get(&p.seq) {
+                Some(_) if p.k > 0 && p.state.mtp_ready() && p.state.mtp_len() == pos => Some(None),
                 Some(held) if p.k > 0 && pos > 0 => {
                     let from = p.state.mtp_len().min(pos - 1);
                     let rows = rows_of(b, p.seq, held, from, pos)?;
                     p.state.cut_mtp(from);
-                    Some((from, rows))
+                    Some(Some((from, rows)))
                 }
                 _ => None,
             };
@@ -76,12 +79,17 @@ impl<B: Backend> Drafter<B> for MtpDrafter<B> {
         for k in ks {
             let (mut inputs, mut at) = (Vec::new(), Vec::new());
             for (i, (p, feed)) in seqs.iter_mut().zip(&feeds).enumerate() {
-                let Some((from, rows)) = feed.as_ref().filter(|_| p.k == k) else { continue };
+                let Some(feed) = feed.as_ref().filter(|_| p.k == k) else { continue };
+                let Some((from, rows)) = feed else {
+                    inputs.push(DraftInput { state: &mut *p.state, hidden: None, next: &[] });
+                    at.push(i);
+                    continue;
+                };
                 let (tokens, pos) = (p.tokens, p.state.len());
                 let next = tokens.get(from + 1..=pos).ok_or_else(|| {
                     Error::input(format!("sequence {}: {} tokens for a state of {pos}", p.seq, tokens.len()))
                 })?;
-                inputs.push(DraftInput { state: &mut *p.state, hidden: rows, next });
+                inputs.push(DraftInput { state: &mut *p.state, hidden: Some(rows), next });
                 at.push(i);
             }
             for (i, d) in at.into_iter().zip(model.draft(&mut inputs, k)?) {
@@ -118,7 +126,7 @@ impl<B: Backend> Drafter<B> for MtpDrafter<B> {
             let next = tokens.get(from + 1..=end).ok_or_else(|| {
                 Error::input(format!("sequence {}: {} tokens, none after position {end}", o.seq, tokens.len()))
             })?;
-            inputs.push(DraftInput { state: &mut *o.state, hidden: rows, next });
+            inputs.push(DraftInput { state: &mut *o.state, hidden: Some(rows), next });
         }
         if !inputs.is_empty() {
             model.draft(&mut inputs, 0)?;
