@@ -178,9 +178,11 @@ struct Timed {
     decode: f64,
     /// Each decode step, sorted.
     steps: Vec<f64>,
-    /// Each decode step's time in the drafter, and the rest of it (the verification), sorted.
+    /// Each decode step's time in the drafter, the rest of it (the verification), and of that
+    /// the settling of the verified states, sorted.
     drafting: Vec<f64>,
     verifying: Vec<f64>,
+    settling: Vec<f64>,
     /// Tokens generated in all.
     generated: usize,
 }
@@ -212,21 +214,22 @@ fn generate<B: Backend>(engine: &mut Engine<B>, n: usize, shape: &Shape) -> Resu
     let started = Instant::now();
     engine.step();
     let ttft = started.elapsed().as_secs_f64();
-    let (mut steps, mut drafting, mut verifying) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut steps, mut drafting, mut verifying, mut settling) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     while engine.has_work() {
-        let (t0, drafted) = (Instant::now(), engine.draft_time());
+        let (t0, drafted, settled) = (Instant::now(), engine.draft_time(), engine.settle_time());
         engine.step();
         let (step, draft) = (t0.elapsed().as_secs_f64(), (engine.draft_time() - drafted).as_secs_f64());
         steps.push(step);
         drafting.push(draft);
         verifying.push(step - draft);
+        settling.push((engine.settle_time() - settled).as_secs_f64());
     }
     let generated = emitted.load(Ordering::Relaxed);
-    for v in [&mut steps, &mut drafting, &mut verifying] {
+    for v in [&mut steps, &mut drafting, &mut verifying, &mut settling] {
         v.sort_by(f64::total_cmp);
     }
     let decode = started.elapsed().as_secs_f64() - ttft;
-    Ok(Timed { ttft, decode, steps, drafting, verifying, generated })
+    Ok(Timed { ttft, decode, steps, drafting, verifying, settling, generated })
 }
 
 /// `bandwidth`: the copy bandwidth the roofline divides (`copy_bandwidth` on a device,
@@ -274,7 +277,7 @@ where
         // a server's later requests do, with their recorded decode steps.
         let _ = generate(&mut engine, n, shape)?;
         let (drafted, accepted) = engine.speculation_stats();
-        let Timed { ttft, decode, steps, drafting, verifying, generated } = generate(&mut engine, n, shape)?;
+        let Timed { ttft, decode, steps, drafting, verifying, settling, generated } = generate(&mut engine, n, shape)?;
         let speculation = match engine.speculation_stats() {
             (d, _) if d == drafted => String::new(),
             (d, a) => format!("; drafts accepted {} of {}", a - accepted, d - drafted),
@@ -299,7 +302,7 @@ where
             gib(backend.memory().peak_bytes)
         );
         if shape.speculative_tokens > 0 {
-            println!("{}", speculation_line(shape.speculative_tokens, n, median, &drafting, &verifying));
+            println!("{}", speculation_line(shape.speculative_tokens, n, median, [&drafting, &verifying, &settling]));
         }
     }
     Ok(())
@@ -311,10 +314,10 @@ pub fn tokens_per_step(k: usize, a: f64) -> f64 {
     (0..=k).map(|i| a.powi(i as i32)).sum()
 }
 
-/// A batch's speculation figures: the median decode step's time in the drafter and in the rest
-/// (`drafting`, `verifying`: each step's, sorted), and the throughput the median step gives at
-/// acceptance rates 0.6, 0.7 and 0.8.
-fn speculation_line(k: usize, batch: usize, median_step: f64, drafting: &[f64], verifying: &[f64]) -> String {
+/// A batch's speculation figures: the median decode step's time in the drafter, in the rest and
+/// in the rest's settling of the verified states (`drafting`, `verifying`, `settling`: each
+/// step's, sorted), and the throughput the median step gives at acceptance rates 0.6, 0.7 and 0.8.
+fn speculation_line(k: usize, batch: usize, median_step: f64, [drafting, verifying, settling]: [&[f64]; 3]) -> String {
     let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
     let at: Vec<String> = [0.6, 0.7, 0.8]
         .iter()
@@ -324,10 +327,11 @@ fn speculation_line(k: usize, batch: usize, median_step: f64, drafting: &[f64], 
         })
         .collect();
     format!(
-        "  k {k}, batch {batch}: drafting {:.3} ms, verification {:.3} ms ({} positions a sequence) per step (medians); {}",
+        "  k {k}, batch {batch}: drafting {:.3} ms, verification {:.3} ms ({} positions a sequence; settling {:.3} ms) per step (medians); {}",
         median(drafting) * 1e3,
         median(verifying) * 1e3,
         k + 1,
+        median(settling) * 1e3,
         at.join("; ")
     )
 }

@@ -394,8 +394,9 @@ pub struct Engine<B: Backend> {
     /// Drafts verified and accepted so far.
     drafted: u64,
     accepted: u64,
-    /// Time spent in the drafter so far.
+    /// Time spent in the drafter so far, and in settling verified states (`Model::settle`).
     draft_time: Duration,
+    settle_time: Duration,
     /// What a handle reads of this engine between steps.
     shared: Arc<Shared>,
 }
@@ -484,6 +485,7 @@ impl<B: Backend> Engine<B> {
             drafted: 0,
             accepted: 0,
             draft_time: Duration::ZERO,
+            settle_time: Duration::ZERO,
             shared: Arc::default(),
         };
         engine.publish();
@@ -553,6 +555,12 @@ impl<B: Backend> Engine<B> {
     /// drafter, every run of the MTP layer).
     pub fn draft_time(&self) -> Duration {
         self.draft_time
+    }
+
+    /// Time spent so far settling verified sequences to the positions they kept (the linear
+    /// attention's rollback: `vt_models::Model::settle`), as the host sees it.
+    pub fn settle_time(&self) -> Duration {
+        self.settle_time
     }
 
     /// Proposes the drafts from now on (`EngineConfig::speculative_tokens` says how many per

@@ -175,7 +175,11 @@ impl<B: Backend> Engine<B> {
         }
         let mut settle: Vec<(&mut vt_models::SeqState<B>, usize)> =
             (self.running.iter_mut().zip(&kept)).filter_map(|(s, k)| k.map(|k| (&mut s.state, k))).collect();
-        if let Err(e) = self.model.settle(&mut settle) {
+        let started = Instant::now();
+        let settled = self.model.settle(&mut settle);
+        drop(settle);
+        self.settle_time += started.elapsed();
+        if let Err(e) = settled {
             for (ev, k) in events.iter_mut().zip(&kept) {
                 if k.is_some() {
                     *ev = Some(Event::Failed(e.to_string()));
