@@ -154,14 +154,8 @@ impl<B: Backend> Model<B> {
         let last = (seqs.iter())
             .map(|s| s.state.mtp_out.as_ref().ok_or_else(|| Error::input("draft: the MTP has no output to chain from")))
             .collect::<Result<Vec<_>>>()?;
-        let stacked;
-        let first = match last.as_slice() {
-            &[one] => one,
-            many => {
-                stacked = b.concat_rows(many)?;
-                &stacked
-            }
-        };
+        let mut stacked = None;
+        let first = joined(b, &last, &mut stacked)?;
         let tables: Vec<Vec<u32>> = seqs.iter().map(|s| s.state.tables[group].clone()).collect();
         let (mut chained, mut logits) = (None, Vec::with_capacity(k));
         for j in 0..k {
@@ -211,14 +205,8 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         let hidden: Vec<&Tensor<B>> = order.iter().filter_map(|&i| seqs[i].hidden).collect();
-        let stacked;
-        let hidden = match hidden.as_slice() {
-            &[one] => one,
-            many => {
-                stacked = b.concat_rows(many)?;
-                &stacked
-            }
-        };
+        let mut stacked = None;
+        let hidden = joined(b, &hidden, &mut stacked)?;
         // Split, the peers hand zeros (parallel.rs `draft_ranks`): the sum is rank 0's rows.
         let summed;
         let hidden = match &self.comm {
@@ -338,5 +326,13 @@ impl<B: Backend> Model<B> {
         let (x1, h1) = b.add_rms_norm(&x, &mixed, &l.post_norm, eps, kind)?;
         let f = self.reduce(b, l.ffn.forward(b, &h1)?)?;
         Ok(b.add_rms_norm(&x1, &f, &mtp.norm, eps, kind)?.1)
+    }
+}
+
+/// `parts` as one tensor: the one part itself, or their rows stacked, kept in `held`.
+fn joined<'t, B: Backend>(b: &B, parts: &[&'t Tensor<B>], held: &'t mut Option<Tensor<B>>) -> Result<&'t Tensor<B>> {
+    match parts {
+        &[one] => Ok(one),
+        many => Ok(held.insert(b.concat_rows(many)?)),
     }
 }
