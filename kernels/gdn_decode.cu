@@ -15,19 +15,22 @@
 // SEQ_MAX of them); it takes its rows in position order (row `seq` at position 0, each next one
 // past the rows of the wave before), and its state's address from `states.p`,
 // or `states_at` where that is not null (device memory: a recorded step's replays write it).
+// Where its `firsts` address (from `firsts.p` or `firsts_at` alike) is not 0, the state after its
+// first position is also written there: a verification's rollback point.
 struct GdnWaves { int seqs[GDN_WAVES_MAX]; };
 
 // out[ch] = silu(sum_j w[ch, j] * window_j), window = (state[ch, :], x[ch]); the state then holds
 // the last k - 1 inputs. One thread per channel, its positions in order; x bf16 [rows, c], out
 // f32 [rows, c], a sequence's state bf16 [c, k - 1].
 extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states, const u64* states_at,
-                                        const __grid_constant__ GdnWaves waves, int nwaves, int first, int c,
-                                        int k) {
+                                        SeqPtrs firsts, const u64* firsts_at, const __grid_constant__ GdnWaves waves,
+                                        int nwaves, int first, int c, int k) {
     grid_dep_begin();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
     int seq = first + blockIdx.y;
     bf16* st = (bf16*)(states_at ? states_at[blockIdx.y] : states.p[blockIdx.y]) + (long long)ch * (k - 1);
+    u64 at_first = firsts_at ? firsts_at[blockIdx.y] : firsts.p[blockIdx.y];
     long long row = seq;
     for (int j = 0; j < nwaves && waves.seqs[j] > seq; row += waves.seqs[j], j++) {
         float acc = 0.0f;
@@ -36,6 +39,8 @@ extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w
         for (int i = 0; i + 2 < k; i++) st[i] = st[i + 1];
         if (k > 1) st[k - 2] = x[row * c + ch];
         out[row * c + ch] = silu(acc);
+        if (j == 0 && at_first != 0)
+            for (int i = 0; i < k - 1; i++) ((bf16*)at_first)[(long long)ch * (k - 1) + i] = st[i];
     }
 }
 
@@ -71,11 +76,12 @@ __device__ __forceinline__ void col_sums(float* p, float (*red)[GDN_COLS], float
 // columns col .. col + 3.
 extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
                                          const void* dt_bias, int dt_bias_dt, SeqPtrs states, const u64* states_at,
-                                         const __grid_constant__ GdnWaves waves,
+                                         SeqPtrs firsts, const u64* firsts_at, const __grid_constant__ GdnWaves waves,
                                          int nwaves, int first, int key_heads, int value_heads) {
     grid_dep_begin();
     int seq = first + blockIdx.z;
     float* state = (float*)(states_at ? states_at[blockIdx.z] : states.p[blockIdx.z]);
+    u64 at_first = firsts_at ? firsts_at[blockIdx.z] : firsts.p[blockIdx.z];
     __shared__ float qs[GDN_D], ks[GDN_D];
     __shared__ float red[8][GDN_COLS];
     __shared__ float tot[GDN_COLS];
@@ -128,6 +134,11 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
         if (rg == 0)
 #pragma unroll
             for (int c = 0; c < 4; c++) out[(row * value_heads + h) * GDN_D + col + c] = f2bf(p[c]);
+        if (j == 0 && at_first != 0) {
+            float* F = (float*)at_first + (long long)h * GDN_D * GDN_D + col;
+#pragma unroll
+            for (int m = 0; m < GDN_D / 32; m++) *(float4*)(F + (rg + 32 * m) * GDN_D) = s[m];
+        }
     }
 #pragma unroll
     for (int m = 0; m < GDN_D / 32; m++) *(float4*)(S + (rg + 32 * m) * GDN_D) = s[m];

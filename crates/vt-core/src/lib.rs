@@ -18,8 +18,8 @@ pub mod weights;
 
 pub use backend::{
     argmax, AttentionParams, Backend, Device, FusedOps, GateAct, GdnDims, GdnInputs, GdnMode, GdnState, GdnStep,
-    KvLayout, KvOps, KvSeq, MemoryStats, NormKind, Ops, ReplayInputs, Rope, SharedExpert, StepRecording, TokenLogprobs,
-    RELEASED,
+    KvLayout, KvOps, KvSeq, MemoryStats, NormKind, Ops, ReplayInputs, ReplayStates, Rope, SharedExpert, StepRecording,
+    TokenLogprobs, RELEASED,
 };
 pub use comm::{Communicator, HostComm};
 pub use dtype::DType;

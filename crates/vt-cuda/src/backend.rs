@@ -260,7 +260,7 @@ impl FusedOps for CudaBackend {
     }
 
     fn gated_delta_step(&self, step: &GdnStep<'_, Self>, states: &mut [GdnState<'_, Self>]) -> Result<Tensor<Self>> {
-        self.gated_delta_waves(step, &[states.len()], states)
+        self.gated_delta_waves(step, &[states.len()], states, &mut [])
     }
 
     /// One call for all the waves, as a recording registers it and its replays give it: the
@@ -270,19 +270,19 @@ impl FusedOps for CudaBackend {
         step: &GdnStep<'_, Self>,
         waves: &[usize],
         states: &mut [GdnState<'_, Self>],
+        firsts: &mut [Option<GdnState<'_, Self>>],
     ) -> Result<Tensor<Self>> {
         let op = "gated_delta_step";
-        args::gdn_waves(self, waves, states.len(), step)?;
+        args::gdn_waves(self, waves, states, firsts, step)?;
         if gdn::decode::fits(step, waves, states) {
-            return gdn::decode::waves(self, step, waves, states);
+            return gdn::decode::waves(self, step, waves, states, firsts);
         }
         if let Some(r) = self.recording() {
             // The composed ops address the states directly: replays must pass these ones.
-            let fixed = states.iter().map(|s| (s.conv.buffer().ptr(), s.recurrent.buffer().ptr())).collect();
-            r.fixed_states(op, fixed)?;
+            r.fixed_states(op, gdn::decode::addresses(states, firsts))?;
         }
         let composed = vt_core::backend::composed::gated_delta_step;
-        vt_core::backend::composed::gated_delta_waves(self, step, waves, states, |s, st| composed(self, s, st))
+        vt_core::backend::composed::gated_delta_waves(self, step, waves, states, firsts, |s, st| composed(self, s, st))
     }
 
     fn attention_decode(

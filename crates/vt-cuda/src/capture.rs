@@ -33,10 +33,12 @@ pub(crate) struct RecordedAttention {
 /// One delta-net call of a recorded step: where its kernels read the states' addresses, or the
 /// addresses its ops were recorded with (the composed ops take no address array).
 pub(crate) enum RecordedStates {
-    /// `[conv: n][recurrent: n]` addresses of the call's `n` states, filled by each replay.
+    /// `[conv: n][recurrent: n][first conv: n][first recurrent: n]` addresses of the call's `n`
+    /// states and where it writes them after their first position (0: nowhere), filled by each
+    /// replay.
     Filled(CudaBuffer, usize),
-    /// `(conv, recurrent)` of each of the call's states: a replay must pass these.
-    Fixed(Vec<(u64, u64)>),
+    /// Those four addresses of each of the call's states: a replay must pass these.
+    Fixed(Vec<[u64; 4]>),
 }
 
 impl RecordedStates {
@@ -184,17 +186,18 @@ impl Recording {
     }
 
     /// Records a delta-net call of `n` states (a row's each) whose kernels read their addresses
-    /// from device memory and returns where: `[conv: n][recurrent: n]` `u64`s, which replays fill.
+    /// from device memory and returns where: `[conv: n][recurrent: n][first conv: n][first
+    /// recurrent: n]` `u64`s (`RecordedStates::Filled`), which replays fill.
     pub(crate) fn states_at(&self, op: &str, n: usize) -> Result<u64> {
         self.check_states(op, n)?;
-        let buf = CudaBuffer::new(&self.parent, 16 * n)?;
+        let buf = CudaBuffer::new(&self.parent, 32 * n)?;
         let ptr = buf.ptr();
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Filled(buf, n));
         Ok(ptr)
     }
 
-    /// Records a delta-net call whose ops address its states (`(conv, recurrent)`) directly.
-    pub(crate) fn fixed_states(&self, op: &str, states: Vec<(u64, u64)>) -> Result<()> {
+    /// Records a delta-net call whose ops address its states directly (`RecordedStates::Fixed`).
+    pub(crate) fn fixed_states(&self, op: &str, states: Vec<[u64; 4]>) -> Result<()> {
         self.check_states(op, states.len())?;
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).delta_net.push(RecordedStates::Fixed(states));
         Ok(())

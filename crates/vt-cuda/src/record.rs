@@ -20,7 +20,7 @@ use vt_core::backend::prelude::*;
 use vt_core::{ReplayInputs, Result, RELEASED};
 
 use crate::capture::{RecordedStates, Recording};
-use crate::device::CudaBackend;
+use crate::device::{CudaBackend, CudaTensor};
 use crate::error::{driver_err, err};
 use crate::kv::CudaKvPool;
 use crate::launch::i32_of;
@@ -165,7 +165,13 @@ pub(crate) fn replay(
                 call.len()
             )));
         }
-        let ptrs: Vec<(u64, u64)> = given.iter().map(|(c, r)| (c.buffer().ptr(), r.buffer().ptr())).collect();
+        let at = |t: &CudaTensor| t.buffer().ptr();
+        let ptrs: Vec<[u64; 4]> = (given.iter())
+            .map(|s| {
+                let (fc, fr) = s.first.map_or((0, 0), |(c, r)| (at(c), at(r)));
+                [at(s.conv), at(s.recurrent), fc, fr]
+            })
+            .collect();
         match call {
             RecordedStates::Filled(buf, _) => states.push((buf, ptrs)),
             RecordedStates::Fixed(fixed) if *fixed != ptrs => return Ok(false),
@@ -188,7 +194,7 @@ pub(crate) fn replay(
         b.copy_in(buf, &t)?;
     }
     for (buf, ptrs) in states {
-        let addrs: Vec<u64> = ptrs.iter().map(|p| p.0).chain(ptrs.iter().map(|p| p.1)).collect();
+        let addrs: Vec<u64> = (0..4).flat_map(|k| ptrs.iter().map(move |p| p[k])).collect();
         b.copy_in(buf, &addrs)?;
     }
     drop(recorded);

@@ -3,7 +3,7 @@
 //! What they check is the trait's contract; a backend checks only its own limits on top (a
 //! kernel's largest head dimension, its cache's layout).
 
-use super::{AttentionParams, Device, GdnDims, GdnInputs, GdnStep, KvSeq, Rope, RELEASED};
+use super::{AttentionParams, Device, GdnDims, GdnInputs, GdnState, GdnStep, KvSeq, Rope, RELEASED};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router, RouterKind};
 use crate::{DType, Error, Result};
@@ -174,9 +174,24 @@ pub fn causal_conv1d<B: Device>(b: &B, x: &Tensor<B>, w: &Tensor<B>, state: &Ten
 }
 
 /// `FusedOps::gated_delta_waves`: `waves` non-empty, non-increasing, none empty, the first one
-/// every sequence, and as many rows in `step`'s per-row inputs as the waves hold; returns the
-/// rows.
-pub fn gdn_waves<B: Device>(b: &B, waves: &[usize], seqs: usize, step: &GdnStep<'_, B>) -> Result<usize> {
+/// every sequence, as many rows in `step`'s per-row inputs as the waves hold, and `firsts` none
+/// or one per sequence, each of its sequence's shapes and dtypes; returns the rows.
+pub fn gdn_waves<B: Device>(
+    b: &B,
+    waves: &[usize],
+    states: &[GdnState<'_, B>],
+    firsts: &[Option<GdnState<'_, B>>],
+    step: &GdnStep<'_, B>,
+) -> Result<usize> {
+    let seqs = states.len();
+    let like = |t: &Tensor<B>, u: &Tensor<B>| t.shape() == u.shape() && t.dtype() == u.dtype();
+    let fit = firsts.is_empty()
+        || firsts.len() == seqs
+            && (states.iter().zip(firsts))
+                .all(|(s, f)| f.as_ref().is_none_or(|f| like(s.conv, f.conv) && like(s.recurrent, f.recurrent)));
+    ensure(b, fit, "gated_delta_waves", || {
+        format!("{} first-position states for {seqs} sequences, each of its sequence's shapes", firsts.len())
+    })?;
     let rows: usize = waves.iter().sum();
     let ordered = waves.first() == Some(&seqs) && waves.windows(2).all(|w| w[1] <= w[0]) && !waves.contains(&0);
     ensure(b, ordered, "gated_delta_waves", || format!("waves {waves:?} for {seqs} sequences"))?;

@@ -277,23 +277,37 @@ pub fn gated_delta_step<B: Ops>(b: &B, s: &GdnStep<'_, B>, states: &mut [GdnStat
     stack_rows(b, parts)
 }
 
-/// `FusedOps::gated_delta_waves` as a call of `step` (a `gated_delta_step`) per wave.
+/// `FusedOps::gated_delta_waves` as a call of `step` (a `gated_delta_step`) per wave, the states
+/// copied to `firsts` after the first.
 pub fn gated_delta_waves<'s, B: Ops>(
     b: &B,
     s: &GdnStep<'_, B>,
     waves: &[usize],
     states: &mut [GdnState<'s, B>],
+    firsts: &mut [Option<GdnState<'_, B>>],
     mut step: impl FnMut(&GdnStep<'_, B>, &mut [GdnState<'s, B>]) -> Result<Tensor<B>>,
 ) -> Result<Tensor<B>> {
-    check::gdn_waves(b, waves, states.len(), s)?;
-    if let [_] = waves {
-        return step(s, states);
-    }
+    check::gdn_waves(b, waves, states, firsts, s)?;
     let mut parts = Vec::with_capacity(waves.len());
     let mut row = 0;
-    for &n in waves {
-        let (qkv, a, beta) = (b.slice_rows(s.qkv, row, n)?, b.slice_rows(s.a, row, n)?, b.slice_rows(s.b, row, n)?);
-        parts.push(step(&GdnStep { qkv: &qkv, a: &a, b: &beta, ..*s }, &mut states[..n])?);
+    for (j, &n) in waves.iter().enumerate() {
+        parts.push(match waves {
+            [_] => step(s, states)?,
+            _ => {
+                let (qkv, a, beta) =
+                    (b.slice_rows(s.qkv, row, n)?, b.slice_rows(s.a, row, n)?, b.slice_rows(s.b, row, n)?);
+                step(&GdnStep { qkv: &qkv, a: &a, b: &beta, ..*s }, &mut states[..n])?
+            }
+        });
+        if j == 0 {
+            // Copies a recorder keeps (`copy_many` may stage a table it cannot).
+            for (st, f) in states.iter().zip(firsts.iter_mut()) {
+                if let Some(f) = f {
+                    b.copy_into(st.conv, f.conv)?;
+                    b.copy_into(st.recurrent, f.recurrent)?;
+                }
+            }
+        }
         row += n;
     }
     stack_rows(b, parts)

@@ -93,14 +93,18 @@ pub trait FusedOps: KvOps {
     /// `waves[j]` sequences, the first `waves[j]` of `states`, step at their `j`-th position
     /// (`waves` non-increasing, `waves[0] == states.len()`), wave after wave. `step`'s rows are
     /// the waves' rows in order (wave 0's `waves[0]` rows, then wave 1's, ...), and each computes
-    /// exactly what `gated_delta_step` there would -> `[rows, value_heads, value_dim]`.
+    /// exactly what `gated_delta_step` there would -> `[rows, value_heads, value_dim]`. `firsts`
+    /// is empty or holds an entry per sequence: where it is `Some`, the sequence's states after
+    /// its first position are also written there, exactly (what a verification rolls back to when
+    /// it keeps only that position).
     fn gated_delta_waves(
         &self,
         step: &GdnStep<'_, Self>,
         waves: &[usize],
         states: &mut [GdnState<'_, Self>],
+        firsts: &mut [Option<GdnState<'_, Self>>],
     ) -> Result<Tensor<Self>> {
-        composed::gated_delta_waves(self, step, waves, states, |s, st| self.gated_delta_step(s, st))
+        composed::gated_delta_waves(self, step, waves, states, firsts, |s, st| self.gated_delta_step(s, st))
     }
 
     /// Attention of one new token for each of `seqs.len()` sequences in one pool layer (the same

@@ -32,7 +32,7 @@ pub use device::{Device, MemoryStats};
 pub use fused::{FusedOps, GdnState, GdnStep, SharedExpert};
 pub use kv::{AttentionParams, KvLayout, KvOps, KvSeq, RELEASED};
 pub use ops::{GateAct, GdnDims, GdnInputs, GdnMode, NormKind, Ops, Rope};
-pub use record::{ReplayInputs, StepRecording};
+pub use record::{ReplayInputs, ReplayStates, StepRecording};
 pub use sample::{LogitAdjust, SampleRow};
 
 /// Every layer: what the model graphs and the engine ask of a backend.

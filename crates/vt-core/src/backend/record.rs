@@ -16,8 +16,17 @@ pub struct ReplayInputs<'a, B: KvOps> {
     /// its pool layer (each at `start == positions[row]`). A call serves consecutive rows: all of
     /// a decode step's, one wave of a verification's.
     pub attention: Vec<Vec<KvSeq<'a>>>,
-    /// Each delta-net call of the step, in order: its rows' (convolution, recurrent) states.
-    pub delta_net: Vec<Vec<(&'a Tensor<B>, &'a Tensor<B>)>>,
+    /// Each delta-net call of the step, in order: its sequences' states.
+    pub delta_net: Vec<Vec<ReplayStates<'a, B>>>,
+}
+
+/// A sequence's Gated DeltaNet states in a replayed delta-net call.
+pub struct ReplayStates<'a, B: KvOps> {
+    pub conv: &'a Tensor<B>,
+    pub recurrent: &'a Tensor<B>,
+    /// Where the call also writes them after the sequence's first position (`(conv,
+    /// recurrent)`: `FusedOps::gated_delta_waves`' `firsts`), if it does.
+    pub first: Option<(&'a Tensor<B>, &'a Tensor<B>)>,
 }
 
 pub trait StepRecording: KvOps {

@@ -41,12 +41,15 @@ pub(super) struct Row<'a> {
     pub(super) pos: usize,
     pub(super) tables: &'a [Vec<u32>],
     pub(super) slot: Option<usize>,
+    /// The slot its delta-net layers also write their states after its first position into (a
+    /// verification's rollback point: verify.rs).
+    pub(super) first: Option<usize>,
     pub(super) verify: bool,
 }
 
 impl<'a> Row<'a> {
     pub(super) fn of<B: Backend>(ids: &'a [u32], state: &'a SeqState<B>) -> Self {
-        Row { ids, pos: state.pos, tables: &state.tables, slot: state.slot, verify: false }
+        Row { ids, pos: state.pos, tables: &state.tables, slot: state.slot, first: state.first_slot, verify: false }
     }
 }
 
@@ -138,12 +141,13 @@ impl<B: Backend> Model<B> {
             let end = s.state.pos + s.ids.len();
             s.state.grow(&mut p, end)?;
         }
-        // A verifying sequence's linear-attention state before the step, for `settle`.
-        let snapshots = self.snapshot_verifying(seqs, &mut p)?;
+        // Where a verifying sequence's linear-attention state after its first position goes, for
+        // `settle`.
+        self.take_first_slots(seqs, &mut p)?;
         let out = match self.run_recorded_or_not(seqs, which, hidden, &mut p) {
             Ok(ran) => ran,
             Err(e) => {
-                snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+                seqs.iter_mut().filter_map(|s| s.state.first_slot.take()).for_each(|s| p.give_slot(s));
                 return Err(e);
             }
         };
@@ -156,7 +160,8 @@ impl<B: Backend> Model<B> {
                 let rows = out.verified[i].clone();
                 let start = s.state.pos - len;
                 let saved = out.saved.clone();
-                s.state.unsettled = Some(Unsettled { start, len, snapshot: snapshots[i], rows, saved });
+                let first = s.state.first_slot.take();
+                s.state.unsettled = Some(Unsettled { start, len, first, rows, saved });
             } else {
                 s.state.release_outside_windows(&mut p)?;
             }
@@ -199,29 +204,25 @@ impl<B: Backend> Model<B> {
         Ok(Ran { step, verified, saved: Arc::new(saved) })
     }
 
-    /// Copies the linear-attention state of each verifying sequence into a spare slot of the
-    /// pool, all in one `copy_slots` (`None` for the others, and where the model has no such
-    /// layers).
-    fn snapshot_verifying(&self, seqs: &[StepSeq<'_, B>], p: &mut PoolInner<B>) -> Result<Vec<Option<usize>>> {
-        let mut snapshots = vec![None; seqs.len()];
-        let mut pairs = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
-            let Some(own) = s.state.slot.filter(|_| s.verify) else { continue };
+    /// Gives each verifying sequence of more than one position a spare slot of the pool
+    /// (`SeqState::first_slot`), where the step writes its linear-attention state after its first
+    /// position (none where the model has no such layers).
+    fn take_first_slots(&self, seqs: &mut [StepSeq<'_, B>], p: &mut PoolInner<B>) -> Result<()> {
+        for i in 0..seqs.len() {
+            let s = &seqs[i];
+            if !s.verify || s.ids.len() < 2 || s.state.slot.is_none() {
+                continue;
+            }
             let Some(spare) = p.take_slot() else {
-                snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
+                seqs.iter_mut().filter_map(|s| s.state.first_slot.take()).for_each(|s| p.give_slot(s));
                 return Err(Error::input(
-                    "no spare linear-attention slot for a verifying sequence's snapshot: the pool needs one per \
+                    "no spare linear-attention slot for a verifying sequence's rollback: the pool needs one per \
                      verifying sequence (PoolConfig::snapshots)",
                 ));
             };
-            snapshots[i] = Some(spare);
-            pairs.push((own, spare));
+            seqs[i].state.first_slot = Some(spare);
         }
-        if let Err(e) = p.copy_slots(&pairs) {
-            snapshots.into_iter().flatten().for_each(|s| p.give_slot(s));
-            return Err(e);
-        }
-        Ok(snapshots)
+        Ok(())
     }
 
     /// The forward pass of `rows`, laid out as `layout`, on `b` (the model's backend, or a
@@ -261,15 +262,16 @@ impl<B: Backend> Model<B> {
                 }
                 (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) => {
                     let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = p.slots[g].iter_mut().map(Some).collect();
-                    let mut states = order
-                        .iter()
-                        .map(|&i| {
-                            let slot = rows[i].slot.and_then(|s| by_slot.get_mut(s)?.take()).ok_or_else(other_model)?;
-                            Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
-                        })
+                    let mut take = |s: Option<usize>| {
+                        let slot = s.and_then(|s| by_slot.get_mut(s)?.take()).ok_or_else(other_model)?;
+                        Ok(GdnState { conv: &mut slot.conv, recurrent: &mut slot.recurrent })
+                    };
+                    let mut states = order.iter().map(|&i| take(rows[i].slot)).collect::<Result<Vec<_>>>()?;
+                    let mut firsts = (order.iter())
+                        .map(|&i| rows[i].first.map(|f| take(Some(f))).transpose())
                         .collect::<Result<Vec<_>>>()?;
                     let keep = saved.as_deref_mut().filter(|_| layout.verifies());
-                    d.forward(b, &h, layout, &mut states, eps, keep)?
+                    d.forward(b, &h, layout, &mut states, &mut firsts, eps, keep)?
                 }
                 _ => return Err(other_model()),
             };

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use vt_core::{Backend, Error, KvSeq, ReplayInputs, Result, Tensor};
+use vt_core::{Backend, Error, KvSeq, ReplayInputs, ReplayStates, Result, Tensor};
 
 use super::batch::{Ran, Row, StepOutput, StepSeq};
 use super::layout::Layout;
@@ -88,8 +88,8 @@ impl<B: Backend> Model<B> {
         p: &mut PoolInner<B>,
     ) -> Result<Option<Ran<B>>> {
         let shape = StepShape { tokens: s.ids.len(), verify: s.verify, hidden };
-        let SeqState { pos, tables, slot, recorded, recordings, .. } = &mut *s.state;
-        let row = [Row { ids: s.ids, pos: *pos, tables, slot: *slot, verify: s.verify }];
+        let SeqState { pos, tables, slot, first_slot, recorded, recordings, .. } = &mut *s.state;
+        let row = [Row { ids: s.ids, pos: *pos, tables, slot: *slot, first: *first_slot, verify: s.verify }];
         // Another model's recordings run that model's weights: this one records its own.
         recorded.retain(|(_, r)| !matches!(r, Recorded::Step(step) if step.model != self.id));
         let at = match recorded.iter().position(|(sh, _)| *sh == shape) {
@@ -156,6 +156,7 @@ impl<B: Backend> Model<B> {
             pos: 0,
             tables: &pad.tables,
             slot: pad.slot,
+            first: None,
             verify: shape.verify,
         }));
         let replayed = match old {
@@ -220,11 +221,14 @@ impl<B: Backend> Model<B> {
                     layout.order[..layout.stepwise()]
                         .iter()
                         .map(|&i| {
-                            let s = rows[i]
-                                .slot
-                                .and_then(|s| slots[g].get(s))
-                                .ok_or_else(|| Error::input("sequence state belongs to another model"))?;
-                            Ok((&s.conv, &s.recurrent))
+                            let slot = |s: Option<usize>| {
+                                s.and_then(|s| slots[g].get(s))
+                                    .ok_or_else(|| Error::input("sequence state belongs to another model"))
+                            };
+                            let s = slot(rows[i].slot)?;
+                            let first =
+                                rows[i].first.map(|f| slot(Some(f)).map(|f| (&f.conv, &f.recurrent))).transpose()?;
+                            Ok(ReplayStates { conv: &s.conv, recurrent: &s.recurrent, first })
                         })
                         .collect::<Result<Vec<_>>>()?,
                 ),

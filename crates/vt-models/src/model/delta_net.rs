@@ -85,13 +85,17 @@ impl<B: Backend> DeltaNet<B> {
 
     /// The mixer over `x` (the normed hidden states of a step's rows, laid out as `layout`), each
     /// sequence continuing from its own convolution and recurrent state in `states` (in the
-    /// layout's order). With `saved`, the projected inputs of the delta rule go there.
+    /// layout's order), and writing them after its first position where `firsts` (likewise) has
+    /// somewhere (a verifying sequence; its steps are single-token waves). With `saved`, the
+    /// projected inputs of the delta rule go there.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &self,
         b: &B,
         x: &Tensor<B>,
         layout: &Layout,
         states: &mut [GdnState<'_, B>],
+        firsts: &mut [Option<GdnState<'_, B>>],
         eps: f32,
         saved: Option<&mut Saved<B>>,
     ) -> Result<Tensor<B>> {
@@ -105,6 +109,7 @@ impl<B: Backend> DeltaNet<B> {
         // many: the recurrent form, one call for all the waves; prompt chunks a sequence at a
         // time, in the chunked form. (As transformers: the recurrent form for single-token steps,
         // the chunked form otherwise.)
+        // (A single wave is one position a sequence: none has a position after its first.)
         let o = if layout.one_wave() {
             b.gated_delta_step(&self.step(&qkv_in, &a, &beta_in), states)?
         } else {
@@ -121,7 +126,8 @@ impl<B: Backend> DeltaNet<B> {
                     lead = [rows(&qkv_in)?, rows(&a)?, rows(&beta_in)?];
                     (&lead[0], &lead[1], &lead[2])
                 };
-                let o = b.gated_delta_waves(&self.step(qkv, a, beta), &waves, stepwise)?;
+                let firsts = firsts.get_mut(..stepwise.len()).unwrap_or_default();
+                let o = b.gated_delta_waves(&self.step(qkv, a, beta), &waves, stepwise, firsts)?;
                 parts.push(o.reshape(&[rows, s.value_heads * s.value_dim])?);
             }
             let mut inputs = [Some(qkv_in), Some(a), Some(beta_in)];
@@ -181,6 +187,6 @@ impl<B: Backend> DeltaNet<B> {
         states: &mut [GdnState<'_, B>],
     ) -> Result<()> {
         let pick = |x: &Tensor<B>| gather_rows(b, x, rows);
-        b.gated_delta_waves(&self.step(&pick(qkv)?, &pick(a)?, &pick(beta)?), waves, states).map(drop)
+        b.gated_delta_waves(&self.step(&pick(qkv)?, &pick(a)?, &pick(beta)?), waves, states, &mut []).map(drop)
     }
 }

@@ -172,7 +172,7 @@ mod tests {
         assert_eq!(l.positions(), [20, 30, 10, 21, 31, 22, 0, 1, 2, 3]);
         let toks: [&[u32]; 4] = [&[7], &[20, 21, 22], &[0, 1, 2, 3], &[30, 31]];
         let rows: Vec<Row<'_>> = (toks.iter().zip([10, 20, 0, 30]))
-            .map(|(ids, pos)| Row { ids, pos, tables: &[], slot: None, verify: ids.len() > 1 && pos > 0 })
+            .map(|(ids, pos)| Row { ids, pos, tables: &[], slot: None, first: None, verify: ids.len() > 1 && pos > 0 })
             .collect();
         assert_eq!(l.ids(&rows), [20, 30, 7, 21, 31, 22, 0, 1, 2, 3]);
         // Plain decodes keep the caller's order in one wave.

@@ -28,6 +28,9 @@ pub struct SeqState<B: Backend> {
     /// Its own recorded steps, one per shape it has stepped alone in (decode_graph.rs).
     pub(super) recorded: Vec<(StepShape, Recorded<B>)>,
     pub(super) recordings: usize,
+    /// During a verification step, the spare delta-net slot its states after its first position
+    /// go to (batch.rs); then `unsettled` holds it.
+    pub(super) first_slot: Option<usize>,
     /// A verification step's positions, until `Model::settle` keeps some (verify.rs).
     pub(super) unsettled: Option<Unsettled<B>>,
     /// A split model's other ranks' states of this sequence (parallel.rs).
@@ -72,6 +75,7 @@ impl<B: Backend> SeqState<B> {
             block,
             recorded: Vec::new(),
             recordings: 0,
+            first_slot: None,
             unsettled: None,
             peers: Vec::new(),
         })
@@ -181,10 +185,10 @@ impl<B: Backend> SeqState<B> {
         Ok(())
     }
 
-    /// Gives back every block (the tables empty) and the snapshot slot of an unsettled
+    /// Gives back every block (the tables empty) and the first-position slot of an unsettled
     /// verification.
     fn release_blocks(&mut self, p: &mut PoolInner<B>) -> Result<()> {
-        if let Some(slot) = self.unsettled.take().and_then(|u| u.snapshot) {
+        if let Some(slot) = self.unsettled.take().and_then(|u| u.first) {
             p.give_slot(slot);
         }
         self.truncate(p, 0)

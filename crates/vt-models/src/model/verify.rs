@@ -6,13 +6,14 @@
 //! Rolling back: attention keys and values of rejected positions are simply forgotten (the
 //! table gives back the blocks past the kept length; stale rows in the last kept block are
 //! overwritten before anything reads them). The Gated DeltaNet layers' conv and recurrent states
-//! cannot be truncated, so they are recomputed: before the step, each verifying sequence's slot
-//! is copied into a spare slot; the step keeps every delta-net layer's projected inputs (a few
-//! rows); a sequence that rejects some drafts takes the snapshot's slot as its own (its slot from
-//! the step goes back to the pool) and reruns the single-token delta rule over its kept rows.
-//! That costs one state copy per verifying sequence per step and, on a rejection, the delta
-//! rule's steps over the kept positions (no weight reads), instead of a state copy per verified
-//! position (docs/performance.md, "Speculative decoding").
+//! cannot be truncated, so they are kept or recomputed: the step writes each verifying
+//! sequence's states after its first position into a spare slot as well (`gated_delta_waves`'
+//! `firsts`: no extra launch, one more state write) and keeps every delta-net layer's projected
+//! inputs (a few rows). A sequence that rejects some drafts takes the spare slot as its own (its
+//! slot from the step goes back to the pool): keeping only the first position, it is done; keeping
+//! more, it reruns the single-token delta rule over the kept rows after the first (no weight
+//! reads). Rejecting the first draft, the commonest rollback, so costs nothing after the step
+//! (docs/performance.md, "Speculative decoding").
 
 use std::sync::Arc;
 
@@ -34,8 +35,9 @@ pub(super) struct Unsettled<B: Backend> {
     /// Its position before the step, and the tokens the step ran.
     pub(super) start: usize,
     pub(super) len: usize,
-    /// The slot holding its linear-attention state from before the step.
-    pub(super) snapshot: Option<usize>,
+    /// The slot holding its linear-attention state after its first position (none where it has
+    /// no such layers, or verified one position).
+    pub(super) first: Option<usize>,
     /// Its row in the step, for each position.
     pub(super) rows: Vec<usize>,
     /// The step's delta-net inputs (shared by the step's verifying sequences).
@@ -90,7 +92,7 @@ impl<B: Backend> Model<B> {
         let mut p = lock(&shared);
         let redone = self.rerun_kept(seqs, &mut units, &mut p);
         for ((s, _), (u, keep)) in seqs.iter_mut().zip(&units) {
-            if let Some(slot) = u.snapshot {
+            if let Some(slot) = u.first {
                 p.give_slot(slot);
             }
             s.truncate(&mut p, u.start + keep)?;
@@ -99,10 +101,11 @@ impl<B: Backend> Model<B> {
         redone
     }
 
-    /// Gives each sequence that rejected drafts its snapshot back and reruns the delta rule over
-    /// its kept positions: a `gated_delta_waves` call per layer for the sequences of one step. The
-    /// snapshot's slot becomes the sequence's (no copy back), and the unit then holds the slot the
-    /// sequence had, for the caller to give back.
+    /// Gives each sequence that rejected drafts its state after its first position and reruns the
+    /// delta rule over its kept positions after that one: a `gated_delta_waves` call per layer for
+    /// the sequences of one step that keep more than one. The slot of that state becomes the
+    /// sequence's (no copy), and the unit then holds the slot the sequence had, for the caller to
+    /// give back.
     fn rerun_kept(
         &self,
         seqs: &mut [(&mut SeqState<B>, usize)],
@@ -114,9 +117,11 @@ impl<B: Backend> Model<B> {
             if *keep == u.len {
                 continue;
             }
-            let (Some(snap), Some(slot)) = (u.snapshot, s.slot) else { continue };
-            (s.slot, u.snapshot) = (Some(snap), Some(slot));
-            own.push((i, snap));
+            let (Some(first), Some(slot)) = (u.first, s.slot) else { continue };
+            (s.slot, u.first) = (Some(first), Some(slot));
+            if *keep > 1 {
+                own.push((i, first));
+            }
         }
         let units = &*units;
         let b = &self.backend;
@@ -127,14 +132,14 @@ impl<B: Backend> Model<B> {
             let group: Vec<usize> =
                 (0..own.len()).filter(|&j| !done[j] && Arc::ptr_eq(&units[own[j].0].0.saved, step)).collect();
             group.iter().for_each(|&j| done[j] = true);
-            // The kept positions laid out as a step's single-token waves (most kept first): wave
-            // `pos` reruns the first `waves[pos]` of `wave_order`.
+            // The kept positions after the first laid out as a step's single-token waves (most kept
+            // first): wave `j` reruns position `j + 1` of the first `waves[j]` of `wave_order`.
             let group: Vec<(usize, usize)> = group.iter().map(|&j| own[j]).collect();
-            let kept = Layout::new(&group.iter().map(|&(i, _)| (units[i].1, 0, true)).collect::<Vec<_>>());
+            let kept = Layout::new(&group.iter().map(|&(i, _)| (units[i].1 - 1, 0, true)).collect::<Vec<_>>());
             let wave_order: Vec<(usize, usize)> = kept.order.iter().map(|&k| group[k]).collect();
             let waves = kept.wave_sizes();
             let rows: Vec<usize> = (waves.iter().enumerate())
-                .flat_map(|(pos, &n)| wave_order[..n].iter().map(move |&(i, _)| units[i].0.rows[pos]))
+                .flat_map(|(j, &n)| wave_order[..n].iter().map(move |&(i, _)| units[i].0.rows[j + 1]))
                 .collect();
             for (layer, &slot) in self.layers.iter().zip(&self.state_layout.layers) {
                 let (Mixer::DeltaNet(d), LayerSlot::Gdn(g)) = (&layer.mixer, slot) else { continue };

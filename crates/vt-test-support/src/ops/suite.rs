@@ -672,8 +672,10 @@ pub fn gated_delta_step_batched_sequences<G: Backend>(dev: &OnDevice<G>) {
 /// A verification's delta rule: sequences stepping several positions in one call, in waves
 /// (`gated_delta_waves`; more sequences than a launch serves, different lengths). Each backend's
 /// waves must equal its own wave-by-wave `gated_delta_step` calls bit for bit (what makes a
-/// verified position compute exactly what a decode step there computes), outputs and states.
-/// Key dim 128 takes CUDA's fused kernels, 32 its composed ops.
+/// verified position compute exactly what a decode step there computes), outputs and states, and
+/// the states written after the first position (`firsts`, every other sequence) must equal the
+/// states after the first wave's step, bit for bit. Key dim 128 takes CUDA's fused kernels, 32 its
+/// composed ops.
 pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
     let mut r = Rng(0x3a7e);
     let (taps, n) = (4, 67);
@@ -712,13 +714,19 @@ pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
                 value_heads: vh,
                 value_dim: dk,
             };
-            let ends = |states: &[(_, _)]| -> Vec<f32> {
-                states.iter().flat_map(|(conv, recurrent)| [out(b, recurrent), out(b, conv)].concat()).collect()
+            // The states of every `every`-th sequence.
+            let ends = |states: &[(_, _)], every: usize| -> Vec<f32> {
+                (states.iter().step_by(every))
+                    .flat_map(|(conv, recurrent)| [out(b, recurrent), out(b, conv)].concat())
+                    .collect()
             };
-            let (mut together, mut apart) = (fresh(), fresh());
+            let (mut together, mut apart, mut at_first) = (fresh(), fresh(), fresh());
             let mut seqs: Vec<_> = together.iter_mut().map(|(conv, recurrent)| GdnState { conv, recurrent }).collect();
-            let mut all = out(b, &b.gated_delta_waves(&step, &waves, &mut seqs).unwrap());
-            let mut by_wave = Vec::new();
+            let mut firsts: Vec<_> = (at_first.iter_mut().enumerate())
+                .map(|(i, (conv, recurrent))| (i % 2 == 0).then_some(GdnState { conv, recurrent }))
+                .collect();
+            let mut all = out(b, &b.gated_delta_waves(&step, &waves, &mut seqs, &mut firsts).unwrap());
+            let (mut by_wave, mut after_first) = (Vec::new(), Vec::new());
             let mut at = 0;
             for &w in &waves {
                 let mut seqs: Vec<_> =
@@ -726,12 +734,23 @@ pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
                 let (qkv, a, beta) = inputs(at, w);
                 let wave = GdnStep { qkv: &qkv, a: &a, b: &beta, ..step };
                 by_wave.extend(out(b, &b.gated_delta_step(&wave, &mut seqs).unwrap()));
+                if at == 0 {
+                    after_first = ends(&apart, 2);
+                }
                 at += w;
             }
-            let end = ends(&together);
-            let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same(&all, &by_wave) && same(&end, &ends(&apart)), "waves differ from their steps");
+            drop((seqs, firsts));
+            let end = ends(&together, 1);
+            let firsts_end = ends(&at_first, 2);
+            let same =
+                |x: &[f32], y: &[f32]| x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&all, &by_wave) && same(&end, &ends(&apart, 1)), "waves differ from their steps");
+            assert!(
+                same(&firsts_end, &after_first),
+                "the states after the first position differ from the first wave's"
+            );
             all.extend(end);
+            all.extend(firsts_end);
             all
         });
     }

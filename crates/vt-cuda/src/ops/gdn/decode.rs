@@ -1,7 +1,9 @@
 //! Single-token steps of a Gated DeltaNet mixer for each of a batch of sequences, one position or
 //! several (a verification's waves) each (kernels/gdn_decode.cu): the convolution step over all
-//! q/k/v channels, then the gated delta rule with the f32 state read and written once a call. Each
-//! sequence's states are its own tensors, passed to the kernels as an array of addresses. Heads of
+//! q/k/v channels, then the gated delta rule with the f32 state read and written once a call (and,
+//! where asked, written after the sequence's first position too: a verification's rollback
+//! point). Each sequence's states are its own tensors, passed to the kernels as arrays of
+//! addresses. Heads of
 //! key and value dim 128 (every Qwen3.5 size) and at most GDN_WAVES_MAX positions; other shapes
 //! take the composed ops.
 
@@ -48,6 +50,7 @@ pub(crate) fn waves(
     s: &GdnStep<'_, CudaBackend>,
     waves: &[usize],
     states: &mut [GdnState<'_, CudaBackend>],
+    firsts: &mut [Option<GdnState<'_, CudaBackend>>],
 ) -> Result<CudaTensor> {
     let op = "gated_delta_step";
     check(fits(s, waves, states) && waves.first() == Some(&states.len()), op, || {
@@ -70,21 +73,24 @@ pub(crate) fn waves(
         *size = i32_of(w, "sequences")?;
     }
     let nwaves = waves.len() as i32;
-    // A recorded step reads the states' addresses from a buffer its replays fill, `[conv: n,
-    // recurrent: n]`; otherwise they travel with each launch (`SeqPtrs`).
+    // A recorded step reads the addresses from a buffer its replays fill (`addresses`' four
+    // kinds, n of each); otherwise they travel with each launch (`SeqPtrs`; 0: no first-position
+    // copy).
     let states_at = b.recording().map(|r| r.states_at(op, n)).transpose()?;
-    for (c, chunk) in states.chunks(SEQ_MAX).enumerate() {
+    let all = addresses(states, firsts);
+    for (c, chunk) in all.chunks(SEQ_MAX).enumerate() {
         let (first, seqs) = (c * SEQ_MAX, chunk.len() as u32);
-        let (mut conv_states, mut rec_states) = ([0u64; SEQ_MAX], [0u64; SEQ_MAX]);
-        for (i, st) in chunk.iter().enumerate() {
-            conv_states[i] = st.conv.buffer().ptr();
-            rec_states[i] = st.recurrent.buffer().ptr();
+        let mut ptrs = [[0u64; SEQ_MAX]; 4];
+        for (i, a) in chunk.iter().enumerate() {
+            (0..4).for_each(|k| ptrs[k][i] = a[k]);
         }
-        let (conv_at, rec_at) = states_at.map_or((0, 0), |at| (at + 8 * first as u64, at + 8 * (n + first) as u64));
+        let [conv_states, rec_states, conv_firsts, rec_firsts] = ptrs;
+        let at = |k: usize| states_at.map_or(0, |at| at + 8 * (k * n + first) as u64);
+        let (conv_at, rec_at, conv_firsts_at, rec_firsts_at) = (at(0), at(1), at(2), at(3));
         let first = first as i32;
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_conv);
-        l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&conv_states).arg(&conv_at);
+        l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&conv_states).arg(&conv_at).arg(&conv_firsts).arg(&conv_firsts_at);
         l.arg(&sizes).arg(&nwaves).arg(&first).arg(&ci).arg(&ki);
         let cfg = LaunchConfig {
             grid_dim: (channels.div_ceil(256) as u32, seqs, 1),
@@ -92,18 +98,21 @@ pub(crate) fn waves(
             shared_mem_bytes: 0,
         };
         // SAFETY: gdn_dec_conv(float* out, const bf16* x, const void* w, int wdt, SeqPtrs states,
-        // const u64* states_at, GdnWaves waves, int nwaves, int first, int c, int k): a thread per
-        // channel, blockIdx.y sequence `first + y` (seqs <= SEQ_MAX, the array's length), which
-        // steps at the positions j < nwaves <= GDN_WAVES_MAX (the array's length) where
-        // waves.seqs[j] exceeds it, at rows within the rows = sum(waves) of x ([rows, c] bf16)
-        // and out (as many f32); w [c, k] (dtype wdt), each states.p[i] a bf16 [c, k - 1] tensor
-        // (checked above), or states_at (not null) the chunk's seqs addresses of such tensors,
-        // which each replay writes; the kernel starts with grid_dep_begin.
+        // const u64* states_at, SeqPtrs firsts, const u64* firsts_at, GdnWaves waves, int nwaves,
+        // int first, int c, int k): a thread per channel, blockIdx.y sequence `first + y` (seqs
+        // <= SEQ_MAX, the array's length), which steps at the positions j < nwaves <=
+        // GDN_WAVES_MAX (the array's length) where waves.seqs[j] exceeds it, at rows within the
+        // rows = sum(waves) of x ([rows, c] bf16) and out (as many f32); w [c, k] (dtype wdt),
+        // each states.p[i] a bf16 [c, k - 1] tensor (checked above), and each firsts.p[i] 0 or one
+        // of that shape (checked by vt-core's gdn_waves), or states_at / firsts_at (not null) the
+        // chunk's seqs addresses of such tensors, which each replay writes; the kernel starts
+        // with grid_dep_begin.
         unsafe { l.launch(cfg, "gdn_dec_conv")? };
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_state);
         l.arg(&po).arg(&pc).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt);
-        l.arg(&rec_states).arg(&rec_at).arg(&sizes).arg(&nwaves).arg(&first).arg(&khi).arg(&vhi);
+        l.arg(&rec_states).arg(&rec_at).arg(&rec_firsts).arg(&rec_firsts_at);
+        l.arg(&sizes).arg(&nwaves).arg(&first).arg(&khi).arg(&vhi);
         let cfg = LaunchConfig {
             grid_dim: (vh as u32, (GDN_D / GDN_COLS) as u32, seqs),
             block_dim: (256, 1, 1),
@@ -111,16 +120,34 @@ pub(crate) fn waves(
         };
         // SAFETY: gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const
         // void* a_log, int, const void* dt_bias, int, SeqPtrs states, const u64* states_at,
-        // GdnWaves waves, int nwaves, int first, int key_heads, int value_heads): grid (vh,
-        // GDN_D / GDN_COLS, seqs) of 256 threads, blockIdx.z sequence `first + z`, stepping at
-        // rows as gdn_dec_conv's; qkv holds rows of (2 kh + vh) * GDN_D floats (written above on
-        // this stream), a/b rows of vh values, a_log/dt_bias vh values, each states.p[i] an f32
-        // [vh, GDN_D, GDN_D] tensor, or states_at (not null) the chunk's seqs addresses of such
-        // tensors, which each replay writes; out rows of vh * GDN_D values; vh % kh == 0 (checked
-        // above). The kernel starts with grid_dep_begin.
+        // SeqPtrs firsts, const u64* firsts_at, GdnWaves waves, int nwaves, int first, int
+        // key_heads, int value_heads): grid (vh, GDN_D / GDN_COLS, seqs) of 256 threads,
+        // blockIdx.z sequence `first + z`, stepping at rows as gdn_dec_conv's; qkv holds rows of
+        // (2 kh + vh) * GDN_D floats (written above on this stream), a/b rows of vh values,
+        // a_log/dt_bias vh values, each states.p[i] an f32 [vh, GDN_D, GDN_D] tensor and each
+        // firsts.p[i] 0 or one of that shape, or states_at / firsts_at (not null) the chunk's seqs
+        // addresses of such tensors, which each replay writes; out rows of vh * GDN_D values; vh %
+        // kh == 0 (checked above). The kernel starts with grid_dep_begin.
         unsafe { l.launch(cfg, "gdn_dec_state")? };
     }
     Ok(out)
+}
+
+/// Each sequence's `[conv, recurrent, first conv, first recurrent]` addresses (the last two 0
+/// where it has no `firsts` entry): what a delta-net call reads and writes, in a recording's
+/// order (`RecordedStates`).
+pub(crate) fn addresses(
+    states: &[GdnState<'_, CudaBackend>],
+    firsts: &[Option<GdnState<'_, CudaBackend>>],
+) -> Vec<[u64; 4]> {
+    let at = |s: &GdnState<'_, CudaBackend>| [s.conv.buffer().ptr(), s.recurrent.buffer().ptr()];
+    (states.iter().enumerate())
+        .map(|(i, s)| {
+            let [fc, fr] = firsts.get(i).and_then(Option::as_ref).map_or([0, 0], at);
+            let [c, r] = at(s);
+            [c, r, fc, fr]
+        })
+        .collect()
 }
 
 /// The kernels' `GdnWaves` is the `[i32; GDN_WAVES_MAX]` the launches pass.
