@@ -143,7 +143,7 @@ impl<B: Backend> Model<B> {
         let table = self.embed_table()?;
         let mut fed: Vec<&mut DraftInput<'_, B>> = seqs.iter_mut().filter(|s| s.hidden.is_some()).collect();
         if !fed.is_empty() {
-            self.feed_mtp(mtp, &mut fed, &mut p, group, pool_layer)?;
+            self.feed_mtp(mtp, table, &mut fed, &mut p, group, pool_layer)?;
         }
         if k == 0 {
             return Ok(Vec::new());
@@ -183,11 +183,13 @@ impl<B: Backend> Model<B> {
             .collect()
     }
 
-    /// Feeds the MTP every row of `seqs` (each has `hidden`): their KV, and each state's output at
-    /// its last fed position (`SeqState::mtp_out`), where its drafts chain from.
+    /// Feeds the MTP every row of `seqs` (each has `hidden`; `table` embeds their next tokens):
+    /// their KV, and each state's output at its last fed position (`SeqState::mtp_out`), where its
+    /// drafts chain from.
     fn feed_mtp(
         &self,
         mtp: &Mtp<B>,
+        table: &Tensor<B>,
         seqs: &mut [&mut DraftInput<'_, B>],
         p: &mut PoolInner<B>,
         group: usize,
@@ -218,7 +220,7 @@ impl<B: Backend> Model<B> {
         };
         let normed = b.rms_norm(hidden, &self.norm, self.spec.eps, self.spec.norm)?;
         let tokens: Vec<u32> = order.iter().flat_map(|&i| seqs[i].next.iter().copied()).collect();
-        let step = Step { embedded: b.embedding(self.embed_table()?, &tokens)?, hidden: &normed, layout };
+        let step = Step { embedded: b.embedding(table, &tokens)?, hidden: &normed, layout };
         let tables: Vec<Vec<u32>> = order.iter().map(|&i| seqs[i].state.tables[group].clone()).collect();
         let out = self.mtp_step(mtp, &step, p, pool_layer, &tables)?;
         for (&i, &(row, len, start)) in order.iter().zip(&parts) {
