@@ -7,12 +7,29 @@
 // Every split kernel's grid is (splits, head blocks, n): blockIdx.z is the sequence, whose query
 // sits at position pos[z] (device memory: a recorded step's replays write it), with block table
 // tables + z * width, its rows of q, k and v, and its q_heads * splits partials after the previous
-// sequence's, so attn_dec_combine over n * q_heads "heads" merges them.
+// sequence's, so attn_dec_combine over n * q_heads "heads" merges them. Rows may continue one
+// another (a verification's positions of one sequence, the same table at consecutive positions):
+// attn_dec_append then writes every row into the store first, and the split kernels, told so by
+// `appended`, read the earlier rows from there and write none.
 #include "kv_blocks.cuh"
+
+// Row i of k and v (n rows of `row` values, row % 8 == 0) into the store at pos[i] through table
+// tables + i * width, before a split kernel whose rows continue one another reads them.
+extern "C" __global__ void attn_dec_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int* tables, int width, const int* pos, int n,
+                                           int row) {
+    grid_dep_begin();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, chunks = row / 8;
+    if (i >= n * chunks) return;
+    int r = (int)(i / chunks), c = (int)(i % chunks);
+    long long at = kv_row_at(tables + (long long)r * width, pos[r], row) + 8 * c, from = (long long)r * row + 8 * c;
+    *(uint4*)(kc + at) = *(const uint4*)(k + from);
+    *(uint4*)(vc + at) = *(const uint4*)(v + from);
+}
 
 // The step's own k and v rows (KV head kvh) into the store at `start`, so that no kv_append launch
 // follows: written by the one block of the KV head (its `lead` block) whose split [p0, p1) holds
-// `start`. No block of the launch reads that row: the query's own key comes from k and v.
+// `start`. No block of the launch reads that row: the query's own key comes from k and v. Not when
+// the launch's rows were `appended` before it.
 __device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int* table, int kvh, int d,
                                                long long row, int start, int p0, int p1, bool lead) {
     if (!(lead && p0 <= start && p1 == start + 1)) return;
@@ -34,7 +51,7 @@ __device__ __forceinline__ void append_own_row(bf16* kc, bf16* vc, const bf16* k
 template <int H>
 __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc,
                                                const int* table, int q_heads, int kv_heads, int d, int start, int window, float scale,
-                                               int split, int splits) {
+                                               int split, int splits, bool appended) {
     __shared__ float wm[4][H], wl[4][H], wacc[4][H][ATT_DEC_MAX_D];
     const float NEG_INF = __int_as_float(0xff800000);
     int group = q_heads / kv_heads, per_kv = (group + H - 1) / H;
@@ -42,7 +59,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
     int h0 = kvh * group + blockIdx.y % per_kv * H, nh = min(H, (kvh + 1) * group - h0), row = kv_heads * d;
     int lo = window > 0 ? max(0, start + 1 - window) : 0;
     int p0 = lo + s * split, p1 = min(p0 + split, start + 1);
-    append_own_row(kc, vc, k, v, table, kvh, d, row, start, p0, p1, blockIdx.y % per_kv == 0);
+    append_own_row(kc, vc, k, v, table, kvh, d, row, start, p0, p1, !appended && blockIdx.y % per_kv == 0);
     bool on = lane * 8 < d;
     float qf[H][8], acc[H][8], m[H], l[H];
 #pragma unroll
@@ -137,7 +154,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
 // The arguments every split kernel takes (the tensor-core ones ignore d).
 #define ATT_DEC_ARGS                                                                                                              \
     float *part, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *kc, bf16 *vc, const int *tables, int width, const int *pos,     \
-        int q_heads, int kv_heads, int d, int window, float scale, int split, int splits
+        int q_heads, int kv_heads, int d, int window, float scale, int split, int splits, int appended
 // Sequence blockIdx.z's part, q, k, v, kc, vc and table, as attn_dec_split and attn_dec_mma take them.
 #define ATT_DEC_SEQ(D)                                                                                                            \
     part + (long long)blockIdx.z * q_heads * splits * ((D) + 2), q + (long long)blockIdx.z * q_heads * (D),                       \
@@ -149,7 +166,7 @@ __device__ __forceinline__ void attn_dec_split(float* part, const bf16* q, const
 #define ATT_DEC_SPLIT_KERNEL(NAME, H)                                                                                             \
     extern "C" __global__ void NAME(ATT_DEC_ARGS) {                                                                               \
         grid_dep_begin();                                                                                                          \
-        attn_dec_split<H>(ATT_DEC_SEQ(d), q_heads, kv_heads, d, pos[blockIdx.z], window, scale, split, splits);                   \
+        attn_dec_split<H>(ATT_DEC_SEQ(d), q_heads, kv_heads, d, pos[blockIdx.z], window, scale, split, splits, appended);         \
     }
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h1, 1)
 ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
@@ -170,7 +187,8 @@ ATT_DEC_SPLIT_KERNEL(attn_dec_split_h4, 4)
 #define ATT_MMA_SHARED(D) (16 * (D) * 2 + ATT_MMA_WARPS * 2 * ATT_MMA_KEYS * (D) * 2)
 template <int D>
 __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const bf16* k, const bf16* v, bf16* kc, bf16* vc, const int* table,
-                                             int q_heads, int kv_heads, int start, int window, float scale, int split, int splits) {
+                                             int q_heads, int kv_heads, int start, int window, float scale, int split, int splits,
+                                             bool appended) {
     constexpr int CH = D / 8, RPP = 32 / CH;         // 16-byte chunks per row; rows per pass of a warp's copies
     constexpr unsigned TILE = ATT_MMA_KEYS * D * 2;  // bytes of a warp's K (or V) tile
     static_assert(2 * TILE == 16 * D * 4, "a warp's f32 O [16][D] fits in place of its K and V tiles");
@@ -208,7 +226,7 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
     int pt = b0 + ATT_MMA_KEYS * warp;
     load(sk, k, kc, pt);
     load(sv, v, vc, pt);
-    append_own_row(kc, vc, k, v, table, kvh, D, row, start, b0, p1, blockIdx.y % per_kv == 0);
+    append_own_row(kc, vc, k, v, table, kvh, D, row, start, b0, p1, !appended && blockIdx.y % per_kv == 0);
     cp_async_wait<0>();
     __syncthreads();  // Q and this warp's first tiles are in
 
@@ -336,7 +354,7 @@ __device__ __forceinline__ void attn_dec_mma(float* part, const bf16* q, const b
 #define ATT_DEC_MMA_KERNEL(NAME, D)                                                                                               \
     extern "C" __global__ void __launch_bounds__(32 * ATT_MMA_WARPS) NAME(ATT_DEC_ARGS) {                                          \
         grid_dep_begin();                                                                                                          \
-        attn_dec_mma<D>(ATT_DEC_SEQ(D), q_heads, kv_heads, pos[blockIdx.z], window, scale, split, splits);                        \
+        attn_dec_mma<D>(ATT_DEC_SEQ(D), q_heads, kv_heads, pos[blockIdx.z], window, scale, split, splits, appended);              \
     }
 ATT_DEC_MMA_KERNEL(attn_dec_mma_d64, 64)
 ATT_DEC_MMA_KERNEL(attn_dec_mma_d128, 128)

@@ -204,7 +204,7 @@ kernels! {
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
-    "attn_decode.cu" => [attn_dec_split_h1, attn_dec_split_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_combine],
+    "attn_decode.cu" => [attn_dec_append, attn_dec_split_h1, attn_dec_split_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_combine],
     "norm.cu" => [rms_norm, add_rms_norm, rms_norm_gated],
     "moe_prefill.cu" => [moe_prefill_route, moe_prefill_plan, moe_prefill_scatter, moe_gemm_gate_up, moe_gemm_down, moe_prefill_combine],
     "flash_attn.cu" => [flash_attn_d64, flash_attn_d128, flash_attn_d256],

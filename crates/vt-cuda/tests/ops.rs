@@ -41,6 +41,7 @@ vt_test_support::op_tests!(cuda() =>
     attention_decode_batched_sequences,
     attention_decode_long_cache,
     attention_continues_over_a_copied_block,
+    attention_decode_continues_rows,
     conv_and_gated_delta_rule_across_calls,
     gated_delta_rule_chunked_prefill,
     gated_delta_rule_long_at_model_heads,

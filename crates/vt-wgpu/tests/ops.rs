@@ -55,6 +55,7 @@ vt_test_support::op_tests!(wgpu() =>
     linear_many_shares_one_pass_over_the_input,
     attention_full_and_windowed_across_calls,
     attention_continues_over_a_copied_block,
+    attention_decode_continues_rows,
     conv_and_gated_delta_rule_across_calls,
     gated_delta_rule_chunked_prefill,
     gated_delta_rule_long_at_model_heads,

@@ -107,10 +107,13 @@ pub trait FusedOps: KvOps {
         composed::gated_delta_waves(self, step, waves, states, firsts, |s, st| self.gated_delta_step(s, st))
     }
 
-    /// Attention of one new token for each of `seqs.len()` sequences in one pool layer (the same
+    /// Attention of one new token for each of `seqs.len()` rows in one pool layer (the same
     /// `layer` in each): row `i` of `q` `[n, q_heads, head_dim]` and of `k`, `v` `[n, kv_heads,
     /// head_dim]` sits at position `seqs[i].start`. Rotates q and k at those positions (`rope`),
-    /// then writes and attends as `attention` does for each sequence -> `[n, q_heads, head_dim]`.
+    /// then writes and attends as `attention` does for each row in turn -> `[n, q_heads,
+    /// head_dim]`. Rows may be one sequence's consecutive positions (a verification's, given in
+    /// position order, with the sequence's table): each sees the ones before it. No two rows may
+    /// write one place of the pool.
     #[allow(clippy::too_many_arguments)]
     fn attention_decode(
         &self,

@@ -98,39 +98,35 @@ impl<B: Backend> Attention<B> {
         let q = b.rms_norm(&q.reshape(&[t, s.q_heads, s.head_dim])?, &self.q_norm, eps, s.qk_norm)?;
         let k = b.rms_norm(&k.reshape(&[t, s.kv_heads, s.head_dim])?, &self.k_norm, eps, s.qk_norm)?;
         let params = AttentionParams { scale: (s.head_dim as f32).powf(-0.5), window: s.window };
-        // Many sequences' single tokens (the batch runner puts them first, in waves): a batched
-        // call per wave. One sequence's keeps the per-sequence ops, which a recorded step records.
+        // The single-token rows (the batch runner puts them first, in waves: a verification's
+        // positions of a sequence in successive waves) in one batched call, each row attending
+        // to the rows before it of its sequence. One sequence's one row keeps the per-sequence
+        // ops, which a recorded step records.
         let kv = |k: usize, pos: usize| KvSeq { layer, table: tables[k], start: layout.starts[k] + pos };
-        if layout.one_wave() && layout.stepwise() >= 2 {
-            let seqs: Vec<KvSeq<'_>> = (0..layout.stepwise()).map(|k| kv(k, 0)).collect();
-            let v = v.reshape(&[t, s.kv_heads, s.head_dim])?;
-            let o = b.attention_decode(&q, &k, &v, &s.rope, pool, &seqs, &params)?;
-            return self.out(b, o.reshape(&[t, width])?, gate, g_proj);
-        }
-        let mut parts = Vec::with_capacity(layout.waves.len() + layout.spans.len());
-        for (pos, w) in layout.waves.iter().enumerate() {
-            // A wave's rows are consecutive in each tensor (q and k are [t, heads, d], v
-            // [t, kv_heads * d]).
-            let rows = |x: &Tensor<B>, heads: usize, per_row: usize| {
-                b.slice_rows(x, w.row * per_row, w.seqs * per_row)?.reshape(&[w.seqs, heads, s.head_dim])
-            };
-            let (qw, kw, vw) =
-                (rows(&q, s.q_heads, s.q_heads)?, rows(&k, s.kv_heads, s.kv_heads)?, rows(&v, s.kv_heads, 1)?);
-            let o = if w.seqs == 1 {
-                let (qw, kw) = (b.rope(&qw, kv(0, pos).start, &s.rope)?, b.rope(&kw, kv(0, pos).start, &s.rope)?);
-                b.attention(&qw, &kw, &vw, pool, kv(0, pos), &params)?
-            } else {
-                let seqs: Vec<KvSeq<'_>> = (0..w.seqs).map(|k| kv(k, pos)).collect();
-                b.attention_decode(&qw, &kw, &vw, &s.rope, pool, &seqs, &params)?
-            };
-            parts.push(o.reshape(&[w.seqs, width])?);
-        }
+        let single: usize = layout.wave_sizes().iter().sum();
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
+        let mut parts = Vec::with_capacity(1 + layout.spans.len());
+        if single > 0 {
+            let rows = |m: &mut Option<Tensor<B>>, heads: usize| {
+                take_rows(b, m, 0, single)?.reshape(&[single, heads, s.head_dim])
+            };
+            let (qs, ks, vs) = (rows(&mut q, s.q_heads)?, rows(&mut k, s.kv_heads)?, rows(&mut v, s.kv_heads)?);
+            let o = if single == 1 {
+                let (qs, ks) = (b.rope(&qs, kv(0, 0).start, &s.rope)?, b.rope(&ks, kv(0, 0).start, &s.rope)?);
+                b.attention(&qs, &ks, &vs, pool, kv(0, 0), &params)?
+            } else {
+                let seqs: Vec<KvSeq<'_>> =
+                    (layout.waves.iter().enumerate()).flat_map(|(j, w)| (0..w.seqs).map(move |k| kv(k, j))).collect();
+                b.attention_decode(&qs, &ks, &vs, &s.rope, pool, &seqs, &params)?
+            };
+            parts.push(o.reshape(&[single, width])?);
+        }
         for (i, sp) in layout.spans.iter().enumerate() {
             let seq = KvSeq { layer, table: tables[layout.stepwise() + i], start: sp.start };
-            let rows =
-                |m: &mut Option<Tensor<B>>, heads: usize| take_rows(b, m, sp)?.reshape(&[sp.len, heads, s.head_dim]);
+            let rows = |m: &mut Option<Tensor<B>>, heads: usize| {
+                take_rows(b, m, sp.row, sp.len)?.reshape(&[sp.len, heads, s.head_dim])
+            };
             let q = b.rope(&rows(&mut q, s.q_heads)?, sp.start, &s.rope)?;
             let k = b.rope(&rows(&mut k, s.kv_heads)?, sp.start, &s.rope)?;
             parts.push(b.attention(&q, &k, &rows(&mut v, s.kv_heads)?, pool, seq, &params)?.reshape(&[sp.len, width])?);

@@ -189,9 +189,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// What a replay of `rows` (laid out as `layout`) over `p` is given: their ids and positions
-    /// in row order, and, per layer in step order, the tables in its pool layer of each wave's
-    /// sequences, or the delta-net states of all of them (the calls `run_on` makes: an attention
-    /// call per wave, one delta-net call for all waves, all of a decode step's rows in one).
+    /// in row order, and, per layer in step order, the tables in its pool layer of every row's
+    /// sequence, or the delta-net states of all of them (the calls `run_on` makes: one attention
+    /// call and one delta-net call over all waves).
     fn replay_inputs<'a>(
         &self,
         rows: &'a [Row<'a>],
@@ -204,19 +204,17 @@ impl<B: Backend> Model<B> {
         let seqs = |w: &super::layout::Wave| layout.order[..w.seqs].iter().map(|&i| &rows[i]);
         for l in &self.state_layout.layers {
             match *l {
-                LayerSlot::Kv { group, pool_layer } => {
-                    for (j, w) in layout.waves.iter().enumerate() {
-                        inputs.attention.push(
-                            seqs(w)
-                                .map(|r| KvSeq {
-                                    layer: pool_layer,
-                                    table: r.tables[group].as_slice(),
-                                    start: r.pos + j,
-                                })
-                                .collect(),
-                        )
-                    }
-                }
+                LayerSlot::Kv { group, pool_layer } => inputs.attention.push(
+                    (layout.waves.iter().enumerate())
+                        .flat_map(|(j, w)| {
+                            seqs(w).map(move |r| KvSeq {
+                                layer: pool_layer,
+                                table: r.tables[group].as_slice(),
+                                start: r.pos + j,
+                            })
+                        })
+                        .collect(),
+                ),
                 LayerSlot::Gdn(g) => inputs.delta_net.push(
                     layout.order[..layout.stepwise()]
                         .iter()

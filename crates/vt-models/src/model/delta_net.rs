@@ -157,8 +157,8 @@ impl<B: Backend> DeltaNet<B> {
         let mut parts = Vec::with_capacity(spans.len());
         for (sp, GdnState { conv, recurrent }) in spans.iter().zip(states.iter_mut()) {
             let n = sp.len;
-            let (a, beta_in) = (take_rows(b, a, sp)?, take_rows(b, beta_in, sp)?);
-            let qkv = b.causal_conv1d(&take_rows(b, qkv_in, sp)?, &self.conv, conv)?;
+            let (a, beta_in) = (take_rows(b, a, sp.row, sp.len)?, take_rows(b, beta_in, sp.row, sp.len)?);
+            let qkv = b.causal_conv1d(&take_rows(b, qkv_in, sp.row, sp.len)?, &self.conv, conv)?;
             let q = b.narrow_cols(&qkv, 0, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let k = b.narrow_cols(&qkv, key_total, key_total)?.reshape(&[n, s.key_heads, s.key_dim])?;
             let v = b.narrow_cols(&qkv, 2 * key_total, s.value_heads * s.value_dim)?.reshape(&[

@@ -137,15 +137,15 @@ pub(super) fn gather_rows<B: Backend>(b: &B, x: &Tensor<B>, rows: &[usize]) -> R
     stack_rows(b, parts)
 }
 
-/// The rows of one prompt chunk of a batched tensor: the tensor itself, taken, when the span is
-/// all of it (a single sequence: no copy), else a copy of its rows.
-pub(super) fn take_rows<B: Backend>(b: &B, m: &mut Option<Tensor<B>>, sp: &Span) -> Result<Tensor<B>> {
+/// Rows `row..row + len` of a batched tensor (a prompt chunk's, or the single-token rows'): the
+/// tensor itself, taken, when they are all of it (no copy), else a copy of them.
+pub(super) fn take_rows<B: Backend>(b: &B, m: &mut Option<Tensor<B>>, row: usize, len: usize) -> Result<Tensor<B>> {
     let err = || vt_core::Error::input("a batched tensor's rows were taken twice");
     let all = m.as_ref().ok_or_else(err)?;
-    if sp.row == 0 && sp.len == all.rows() {
+    if row == 0 && len == all.rows() {
         return m.take().ok_or_else(err);
     }
-    b.slice_rows(all, sp.row, sp.len)
+    b.slice_rows(all, row, len)
 }
 
 #[cfg(test)]

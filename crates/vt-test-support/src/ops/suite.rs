@@ -820,6 +820,83 @@ pub fn attention_decode_batched_sequences<G: Backend>(dev: &OnDevice<G>) {
     }
 }
 
+/// A verification's rows in one `attention_decode` call: sequences at several consecutive
+/// positions each (in waves: position j of every sequence that has one, then j + 1), each row
+/// seeing the rows before it of its sequence, equal bit for bit to the waves as calls of their
+/// own, and the pool as they leave it (a decode step after reads it). Short caches: every call
+/// splits its positions alike, whatever its rows.
+pub fn attention_decode_continues_rows<G: Backend>(dev: &OnDevice<G>) {
+    let mut r = Rng(0xc047);
+    // Cached positions and verified positions of each sequence.
+    let (lens, verified) = ([5usize, 70, 130], [3usize, 1, 2]);
+    let waves: Vec<Vec<usize>> = (0..3).map(|j| (0..3).filter(|&i| verified[i] > j).collect()).collect();
+    let rows: usize = verified.iter().sum();
+    let total = lens.iter().sum::<usize>() + rows + lens.len();
+    for (hq, hkv, d) in [(16, 2, 256), (8, 2, 96)] {
+        let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+        let half = d / 8;
+        let rope = Rope {
+            inv_freq: (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect(),
+            attention_scaling: 1.0,
+        };
+        let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
+        on_both!(dev, &format!("attention decode, continued rows [{hq}, {hkv}, {d}]"), dev.attention_bound(d), |b| {
+            let run = |together: bool| {
+                let part = |at: usize, t: usize| {
+                    (
+                        act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
+                        act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
+                        act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
+                    )
+                };
+                let blocks = total.div_ceil(b.kv_block_size()) + 8;
+                let (mut tables, mut pool) = Tables::new(b, 3, (hkv, d), blocks, None, &mut Rng(5));
+                let mut at = 0;
+                for (i, &len) in lens.iter().enumerate() {
+                    let (qt, kt, vt) = part(at, len);
+                    tables.grow(i, len);
+                    b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap();
+                    tables.advance(i, len);
+                    at += len;
+                }
+                for (i, &n) in verified.iter().enumerate() {
+                    tables.grow(i, n + 1);
+                }
+                let wave_seqs = |j: usize| -> Vec<KvSeq<'_>> {
+                    waves[j].iter().map(|&i| KvSeq { start: tables.seq(i).start + j, ..tables.seq(i) }).collect()
+                };
+                let mut all = Vec::new();
+                if together {
+                    let seqs: Vec<KvSeq<'_>> = (0..waves.len()).flat_map(wave_seqs).collect();
+                    let (qt, kt, vt) = part(at, rows);
+                    all.extend(out(b, &b.attention_decode(&qt, &kt, &vt, &rope, &mut pool, &seqs, &params).unwrap()));
+                } else {
+                    let mut row = at;
+                    for (j, wave) in waves.iter().enumerate() {
+                        let (qt, kt, vt) = part(row, wave.len());
+                        let o = b.attention_decode(&qt, &kt, &vt, &rope, &mut pool, &wave_seqs(j), &params).unwrap();
+                        all.extend(out(b, &o));
+                        row += wave.len();
+                    }
+                }
+                for (i, &n) in verified.iter().enumerate() {
+                    tables.advance(i, n);
+                }
+                // A decode step after the verification reads every row it wrote.
+                let (qt, kt, vt) = part(at + rows, 3);
+                let seqs: Vec<KvSeq<'_>> = (0..3).map(|i| tables.seq(i)).collect();
+                all.extend(out(b, &b.attention_decode(&qt, &kt, &vt, &rope, &mut pool, &seqs, &params).unwrap()));
+                all
+            };
+            let (together, by_wave) = (run(true), run(false));
+            let same = together.len() == by_wave.len()
+                && together.iter().zip(&by_wave).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "rows continued in one call differ from their waves");
+            together
+        });
+    }
+}
+
 pub fn attention_decode_long_cache<G: Backend>(dev: &OnDevice<G>) {
     let mut r = Rng(0xa7de);
     // A prefill of several splits, then decode steps; windowed: the window spans splits and its

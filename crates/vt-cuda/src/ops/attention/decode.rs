@@ -11,7 +11,7 @@ use super::Operands;
 use crate::device::CudaBackend;
 use crate::error::check;
 use crate::kernels::allow_shared;
-use crate::launch::{i32_of, Overlapped};
+use crate::launch::{grid1, i32_of, Overlapped};
 use crate::limits::{ATT_DEC_COMBINE_THREADS, ATT_DEC_MAX_D};
 
 /// The shortest split (positions).
@@ -21,9 +21,13 @@ pub(crate) fn fits(t: usize, head_dim: usize) -> bool {
     t == 1 && head_dim.is_multiple_of(8) && head_dim <= ATT_DEC_MAX_D
 }
 
-/// The sequences of one decode launch, as its kernels read them from device memory.
+/// The rows of one decode launch, as its kernels read them from device memory.
 pub(crate) struct Batch {
     pub n: usize,
+    /// The sequences the rows are of: a verification gives a sequence a row for each of its
+    /// positions. The splits are chosen for them, as a decode step of those sequences chooses
+    /// them, so that each row's arithmetic is that step's.
+    pub seqs: usize,
     /// `n` i32 positions: sequence i's query sits at `positions[i]`.
     pub positions: u64,
     /// `n` block tables of `width` i32 entries each.
@@ -31,6 +35,9 @@ pub(crate) struct Batch {
     pub width: usize,
     /// The most positions a query of the launch sees (its grid covers them).
     pub keys: usize,
+    /// Whether the rows are in the pool already (`append`): rows that continue one another read
+    /// the earlier ones from there, and the split kernels write none.
+    pub appended: bool,
 }
 
 /// Row `i` of the operands (`out`, `q` `[n, q_heads, d]`, `k`, `v` `[n, kv_heads, d]`) is
@@ -52,11 +59,11 @@ pub(crate) fn launch(
     })?;
     let split_kernel = SplitKernel::of(b, d)?;
     let head_blocks = split_kernel.head_blocks(q_heads, kv_heads);
-    let split = split_kernel.split_len(b, batch.keys, n * head_blocks);
+    let split = split_kernel.split_len(b, batch.keys, batch.seqs * head_blocks);
     let splits = batch.keys.div_ceil(split);
     let part = b.buffer(n * q_heads * splits * (d + 2) * 4)?;
     let pp = part.ptr();
-    let (width, hq, hkv, di, wi, sl, sp) = (
+    let (width, hq, hkv, di, wi, sl, sp, appended) = (
         i32_of(batch.width, "table width")?,
         i32_of(q_heads, "heads")?,
         i32_of(kv_heads, "kv heads")?,
@@ -64,24 +71,41 @@ pub(crate) fn launch(
         i32_of(window, "window")?,
         split as i32,
         i32_of(splits, "splits")?,
+        batch.appended as i32,
     );
     let mut l = Overlapped::new(b, split_kernel.f);
     l.arg(&pp).arg(&o.q).arg(&o.k).arg(&o.v).arg(&o.kc).arg(&o.vc).arg(&batch.tables).arg(&width).arg(&batch.positions);
-    l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sl).arg(&sp);
+    l.arg(&hq).arg(&hkv).arg(&di).arg(&wi).arg(&scale).arg(&sl).arg(&sp).arg(&appended);
     let cfg = split_kernel.config(splits, head_blocks, n);
     // SAFETY: attn_dec_split_h{H} / attn_dec_mma_d{d}(float* part, q, k, v, bf16* kc, bf16* vc,
     // const int* tables, int width, const int* pos, int q_heads, int kv_heads, int d, int window,
-    // float scale, int split, int splits) with H = split_kernel.heads: grid (splits, kv_heads *
-    // ceil(group / H), n) of 128 threads with the kernel's dynamic shared memory (allowed by
-    // SplitKernel::of), splits of `split` (a multiple of 64) positions covering `keys`, the most
-    // any sequence sees; q [n, q_heads, d], k/v [n, kv_heads, d]; n positions at `positions` and n
-    // tables of `width` entries at `tables`, each naming a block of the layer for every position
-    // its sequence sees and for its own, which the kernel writes (the caller checked them); part
+    // float scale, int split, int splits, int appended) with H = split_kernel.heads: grid
+    // (splits, kv_heads * ceil(group / H), n) of 128 threads with the kernel's dynamic shared
+    // memory (allowed by SplitKernel::of), splits of `split` (a multiple of 64) positions
+    // covering `keys`, the most any row sees; q [n, q_heads, d], k/v [n, kv_heads, d]; n
+    // positions at `positions` and n tables of `width` entries at `tables`, each naming a block
+    // of the layer for every position its row sees and for its own, which the kernel writes
+    // unless `appended` (the caller checked them, and that no two rows write one place); part
     // holds n * q_heads * splits * (d + 2) floats; q_heads % kv_heads == 0, d % 8 == 0 and d <= 256
     // (the op and fits checked). The kernel starts with grid_dep_begin.
     unsafe { l.launch(cfg, "attn_dec_split")? };
     // Each sequence's heads' partials follow the previous sequence's: n * q_heads heads to merge.
     combine(b, o.out, pp, n * q_heads, d, splits)
+}
+
+/// Writes the `batch`'s rows of `o.k` and `o.v` (`row` values each) into the pool at their
+/// positions, for a launch whose rows continue one another (`Batch::appended`).
+pub(crate) fn append(b: &CudaBackend, o: &Operands, batch: &Batch, row: usize) -> Result<()> {
+    let (width, n, ri) = (i32_of(batch.width, "table width")?, i32_of(batch.n, "rows")?, i32_of(row, "row")?);
+    let mut l = Overlapped::new(b, &b.k().attn_dec_append);
+    l.arg(&o.kc).arg(&o.vc).arg(&o.k).arg(&o.v).arg(&batch.tables).arg(&width).arg(&batch.positions).arg(&n).arg(&ri);
+    // SAFETY: attn_dec_append(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int*
+    // tables, int width, const int* pos, int n, int row): k and v hold n rows of `row` values (a
+    // multiple of 8: d % 8 == 0, fits checked), n positions at `positions` and n tables of
+    // `width` entries at `tables`, each naming a block of the layer at its row's position (the
+    // caller checked them, and that no two rows write one place); one thread per 8 values. The
+    // kernel starts with grid_dep_begin.
+    unsafe { l.launch(grid1(batch.n * row / 8), "attn_dec_append") }
 }
 
 /// The kernel that writes a decode step's split partials for head dim `d`.

@@ -78,7 +78,8 @@ pub(crate) fn attention(
     } else if decode::fits(t, head_dim) {
         // A recording's grid covers every position its replays may reach.
         let last = if recording.is_some() { width * KV_BLOCK - 1 } else { start };
-        let batch = Batch { n: 1, positions: pos_at, tables: table, width, keys: decode::visible(last, window) };
+        let keys = decode::visible(last, window);
+        let batch = Batch { n: 1, seqs: 1, positions: pos_at, tables: table, width, keys, appended: false };
         // The split kernel writes the step's row itself.
         return decode::launch(b, &ops, &batch, q_heads, kv_heads, head_dim, window, p.scale).map(|()| out);
     } else {
@@ -215,6 +216,7 @@ pub(crate) fn decode_step(
         args::kv_table(b, op, seq, 1, KV_BLOCK, store.layout.blocks, p.window)?;
     }
     check(decode_fits(head_dim), op, || format!("the decode kernels do not take head dim {head_dim}"))?;
+    let sequences = sequences(op, seqs)?;
     let (pq, pk, pv) = (act(q, op)?, act(k, op)?, act(v, op)?);
     let window = p.window.unwrap_or(0);
     // A recorded step reads the positions and tables from buffers its replays fill, and its grid
@@ -227,7 +229,8 @@ pub(crate) fn decode_step(
             let positions = r.positions_at(op, &starts)?;
             let tables = r.table_at(op, seqs, store, p.window)?;
             let width = r.table_width();
-            Batch { n, positions, tables, width, keys: decode::visible(width * KV_BLOCK - 1, window) }
+            let keys = decode::visible(width * KV_BLOCK - 1, window);
+            Batch { n, seqs: sequences, positions, tables, width, keys, appended: sequences < n }
         }
         None => {
             let width = seqs.iter().map(|s| (s.start + 1).div_ceil(KV_BLOCK)).max().unwrap_or(1);
@@ -243,7 +246,15 @@ pub(crate) fn decode_step(
             inputs = b.upload_slice(&host)?;
             let last = seqs.iter().map(|s| s.start).max().unwrap_or(0);
             let (positions, tables) = (inputs.ptr(), inputs.ptr() + 4 * n as u64);
-            Batch { n, positions, tables, width, keys: decode::visible(last, window) }
+            Batch {
+                n,
+                seqs: sequences,
+                positions,
+                tables,
+                width,
+                keys: decode::visible(last, window),
+                appended: sequences < n,
+            }
         }
     };
     let out = b.empty(DType::BF16, q.shape())?;
@@ -258,6 +269,26 @@ pub(crate) fn decode_step(
     };
     rope_seqs(b, ops.q, pq, n, q_heads, head_dim, batch.positions, rope)?;
     rope_seqs(b, ops.k, pk, n, kv_heads, head_dim, batch.positions, rope)?;
+    if batch.appended {
+        decode::append(b, &ops, &batch, kv_heads * head_dim)?;
+    }
     decode::launch(b, &ops, &batch, q_heads, kv_heads, head_dim, window, p.scale)?;
     Ok(out)
+}
+
+/// The sequences `seqs`' rows are of (rows with the same table are one sequence's positions),
+/// once no two rows write one place of the pool: the kernels write every row, and two writes of
+/// one place would race.
+fn sequences(op: &str, seqs: &[KvSeq<'_>]) -> Result<usize> {
+    let mut places: Vec<(u32, usize)> =
+        seqs.iter().map(|s| (s.table[s.start / KV_BLOCK], s.start % KV_BLOCK)).collect();
+    places.sort_unstable();
+    if let Some(w) = places.windows(2).find(|w| w[0] == w[1]) {
+        let (block, at) = w[0];
+        return Err(crate::error::err(format!("{op}: two rows write position {at} of block {block}")));
+    }
+    let mut tables: Vec<*const u32> = seqs.iter().map(|s| s.table.as_ptr()).collect();
+    tables.sort_unstable();
+    tables.dedup();
+    Ok(tables.len())
 }
