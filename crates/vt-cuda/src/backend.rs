@@ -299,10 +299,8 @@ impl FusedOps for CudaBackend {
         if attention::decode_fits(head_dim) {
             return attention::decode_step(self, q, k, v, rope, pool, seqs, params);
         }
-        if let Some(r) = self.recording() {
-            // The composed op makes an attention call per sequence, where a replay gives one.
-            return Err(r.refuse("attention_decode", &format!("head dim {head_dim} runs a call per sequence")));
-        }
+        // The composed op makes an attention call per row, which a recording keeps as such (a
+        // replay gives the rows' call to them in turn: record.rs, given_calls).
         vt_core::backend::composed::attention_decode(self, q, k, v, rope, pool, seqs, params)
     }
 }

@@ -203,11 +203,6 @@ impl Recording {
         Ok(())
     }
 
-    /// The error of an op whose calls a replay could not be given in the step's order.
-    pub(crate) fn refuse(&self, op: &str, why: &str) -> vt_core::Error {
-        err(format!("{op}: {why}, which is not recorded in a step recorded at {:?}", self.positions))
-    }
-
     fn check_states(&self, op: &str, n: usize) -> Result<()> {
         if n == 0 || n > self.rows() {
             return Err(err(format!("{op}: {n} sequences in a step recorded for {}", self.rows())));

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
-use vt_core::{ReplayInputs, Result, RELEASED};
+use vt_core::{KvSeq, ReplayInputs, Result, RELEASED};
 
-use crate::capture::{RecordedStates, Recording};
+use crate::capture::{RecordedAttention, RecordedStates, Recording};
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::{driver_err, err};
 use crate::kv::CudaKvPool;
@@ -66,6 +66,40 @@ pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<Cuda
     Ok(CudaStepGraph { graph, main: parent.stream().clone(), recorder })
 }
 
+/// Each recorded attention call with the sequences a replay gives it: the replay gives one call
+/// per layer, which the recording made as one call or, where an op runs a call per row (the
+/// composed `attention_decode`), as one per row, in order.
+fn given_calls<'a, 'b>(
+    given: &'a [Vec<KvSeq<'a>>],
+    calls: &'b [RecordedAttention],
+) -> Result<Vec<(&'a [KvSeq<'a>], &'b RecordedAttention)>> {
+    let mismatch = || {
+        err(format!(
+            "replay: attention calls of {:?} rows for a step recorded with calls of {:?}",
+            given.iter().map(Vec::len).collect::<Vec<_>>(),
+            calls.iter().map(|c| c.rows).collect::<Vec<_>>()
+        ))
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    let mut recorded = calls.iter();
+    for seqs in given {
+        let mut rest = seqs.as_slice();
+        while !rest.is_empty() {
+            let call = recorded.next().ok_or_else(mismatch)?;
+            if call.rows > rest.len() {
+                return Err(mismatch());
+            }
+            let (these, after) = rest.split_at(call.rows);
+            out.push((these, call));
+            rest = after;
+        }
+    }
+    if recorded.next().is_some() {
+        return Err(mismatch());
+    }
+    Ok(out)
+}
+
 /// Queues `g` for `inp` over `pool` after checking that its attention calls are over the pool
 /// layers it recorded, in its order, with tables its buffers have room for, and its delta-net
 /// calls over states it may address. `Ok(false)`: it no longer fits (another pool's layers, a
@@ -95,18 +129,17 @@ pub(crate) fn replay(
         return Err(err(format!("replay: token id {bad} is outside the recorded vocabulary of {vocab}")));
     }
     let recorded = rec.calls.lock().unwrap_or_else(|p| p.into_inner());
-    let (calls, tables) = (&recorded.attention, &recorded.tables);
-    if inp.attention.len() != calls.len() || inp.delta_net.len() != recorded.delta_net.len() {
+    let tables = &recorded.tables;
+    let attention = given_calls(&inp.attention, &recorded.attention)?;
+    if inp.delta_net.len() != recorded.delta_net.len() {
         return Err(err(format!(
-            "replay: {} attention and {} delta-net calls for a step recorded with {} and {}",
-            inp.attention.len(),
+            "replay: {} delta-net calls for a step recorded with {}",
             inp.delta_net.len(),
-            calls.len(),
             recorded.delta_net.len()
         )));
     }
     let width = rec.table_width();
-    for (seqs, call) in inp.attention.iter().zip(calls) {
+    for &(seqs, call) in &attention {
         let positions = inp.positions.get(call.row..call.row + call.rows);
         if seqs.len() != call.rows || positions.is_none() {
             return Err(err(format!(
@@ -138,7 +171,7 @@ pub(crate) fn replay(
     // Each table buffer holds, a row each, the longest table its calls read (a verification's
     // waves read one sequence's table to successive positions); the others must agree with it.
     let mut filled: Vec<Option<Vec<&[u32]>>> = vec![None; tables.len()];
-    for (seqs, call) in inp.attention.iter().zip(calls) {
+    for &(seqs, call) in &attention {
         let used = seqs.iter().map(|s| &s.table[..(s.start + 1).div_ceil(KV_BLOCK)]);
         match &mut filled[call.table] {
             Some(rows) if rows.len() != seqs.len() => return Ok(false),

@@ -216,7 +216,8 @@ fn verification_replays_equal_unrecorded_bit_for_bit() {
                  difference {first_diff:?}"
             );
             // Eight shapes, each recorded again once the tables outgrow it. Fixtures whose
-            // attention runs a call per sequence do not record several sequences, and say so.
+            // attention runs a call per row record no step of several sequences whose rows share
+            // a position, and say so.
             let refused = n > 1 && !errors.is_empty() && errors.iter().all(|e| e.contains("in a step recorded at"));
             let same_len = rs.iter().zip(&ps).all(|(r, p)| r.len() == p.len());
             if first_diff.is_some() || !same_len || !(refused || errors.is_empty() && made >= 9) {
@@ -445,8 +446,9 @@ fn batched_decode_replays_equal_unrecorded_bit_for_bit() {
         let (recordings, errors) = rp.batch_recordings();
         println!("fixture {name}: {steps} batched steps, {recordings} recordings, errors {errors:?}, first difference {first_diff:?}");
         // Three buckets, each recorded again once its tables outgrow the first recording; where
-        // the attention ops run a sequence at a time (head dims the batched decode kernel does not
-        // take) recording refuses, naming the positions of the one-sequence op.
+        // the attention ops run a row at a time (head dims the batched decode kernel does not
+        // take), a step whose rows share a position cannot name each op's row, and recording
+        // refuses, naming the positions.
         let refused = errors.iter().all(|e| e.contains("in a step recorded at"));
         if first_diff.is_some() || !refused || (errors.is_empty() && recordings < 3) {
             failed.push(name);
