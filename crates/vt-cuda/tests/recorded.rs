@@ -218,7 +218,7 @@ fn verification_replays_equal_unrecorded_bit_for_bit() {
             // Eight shapes, each recorded again once the tables outgrow it. Fixtures whose
             // attention runs a call per row record no step of several sequences whose rows share
             // a position, and say so.
-            let refused = n > 1 && !errors.is_empty() && errors.iter().all(|e| e.contains("in a step recorded at"));
+            let refused = n > 1 && !errors.is_empty() && errors.iter().all(|e| e.contains("of a step recorded at"));
             let same_len = rs.iter().zip(&ps).all(|(r, p)| r.len() == p.len());
             if first_diff.is_some() || !same_len || !(refused || errors.is_empty() && made >= 9) {
                 failed.push(format!("{name} x{n}"));
@@ -449,7 +449,7 @@ fn batched_decode_replays_equal_unrecorded_bit_for_bit() {
         // the attention ops run a row at a time (head dims the batched decode kernel does not
         // take), a step whose rows share a position cannot name each op's row, and recording
         // refuses, naming the positions.
-        let refused = errors.iter().all(|e| e.contains("in a step recorded at"));
+        let refused = errors.iter().all(|e| e.contains("of a step recorded at"));
         if first_diff.is_some() || !refused || (errors.is_empty() && recordings < 3) {
             failed.push(name);
         }
