@@ -70,6 +70,27 @@ impl Tables {
         KvSeq { layer: 0, table: &self.tables[i], start: self.lens[i] }
     }
 
+    /// Each sequence's first `lens[i]` positions into `pool` with one attention call each, taking
+    /// the rows in turn from `rows(at, t)` (q, k, v); returns the rows taken.
+    fn prefill<B: Backend>(
+        &mut self,
+        b: &B,
+        pool: &mut B::KvPool,
+        lens: &[usize],
+        rows: impl Fn(usize, usize) -> (Tensor<B>, Tensor<B>, Tensor<B>),
+        params: &AttentionParams,
+    ) -> usize {
+        let mut at = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            let (qt, kt, vt) = rows(at, len);
+            self.grow(i, len);
+            b.attention(&qt, &kt, &vt, pool, self.seq(i), params).unwrap();
+            self.advance(i, len);
+            at += len;
+        }
+        at
+    }
+
     /// Sequence `i` has taken `t` more positions: blocks no later query sees are given back.
     fn advance(&mut self, i: usize, t: usize) {
         self.lens[i] += t;
@@ -82,6 +103,21 @@ impl Tables {
             }
         }
     }
+}
+
+/// Rows `at..at + t` of an attention test's q `[.., hq, d]`, k and v `[.., hkv, d]`, on `b`.
+fn qkv_rows<B: Backend>(
+    b: &B,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (hq, hkv, d): (usize, usize, usize),
+    at: usize,
+    t: usize,
+) -> (Tensor<B>, Tensor<B>, Tensor<B>) {
+    (
+        act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
+        act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
+        act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
+    )
 }
 
 /// Attention with heads `(hq, hkv, d)` of `seqs` sequences taking `steps` tokens per call in
@@ -780,23 +816,10 @@ pub fn attention_decode_batched_sequences<G: Backend>(dev: &OnDevice<G>) {
                 &format!("attention decode {n} sequences [{hq}, {hkv}, {d}] window {window:?}"),
                 bound,
                 |b| {
-                    let rows = |at: usize, t: usize| {
-                        (
-                            act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
-                            act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
-                            act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
-                        )
-                    };
+                    let rows = |at: usize, t: usize| qkv_rows(b, (&q, &k, &v), (hq, hkv, d), at, t);
                     let blocks = total.div_ceil(b.kv_block_size()) + 2 * n + 1;
                     let (mut tables, mut pool) = Tables::new(b, n, (hkv, d), blocks, window, &mut Rng(9));
-                    let mut at = 0;
-                    for (i, &len) in lens.iter().enumerate() {
-                        let (qt, kt, vt) = rows(at, len);
-                        tables.grow(i, len);
-                        b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap();
-                        tables.advance(i, len);
-                        at += len;
-                    }
+                    let mut at = tables.prefill(b, &mut pool, &lens, rows, &params);
                     let mut all = Vec::new();
                     for _ in 0..steps {
                         let (qt, kt, vt) = rows(at, n);
@@ -842,23 +865,10 @@ pub fn attention_decode_continues_rows<G: Backend>(dev: &OnDevice<G>) {
         let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
         on_both!(dev, &format!("attention decode, continued rows [{hq}, {hkv}, {d}]"), dev.attention_bound(d), |b| {
             let run = |together: bool| {
-                let part = |at: usize, t: usize| {
-                    (
-                        act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
-                        act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
-                        act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
-                    )
-                };
+                let part = |at: usize, t: usize| qkv_rows(b, (&q, &k, &v), (hq, hkv, d), at, t);
                 let blocks = total.div_ceil(b.kv_block_size()) + 8;
                 let (mut tables, mut pool) = Tables::new(b, 3, (hkv, d), blocks, None, &mut Rng(5));
-                let mut at = 0;
-                for (i, &len) in lens.iter().enumerate() {
-                    let (qt, kt, vt) = part(at, len);
-                    tables.grow(i, len);
-                    b.attention(&qt, &kt, &vt, &mut pool, tables.seq(i), &params).unwrap();
-                    tables.advance(i, len);
-                    at += len;
-                }
+                let at = tables.prefill(b, &mut pool, &lens, part, &params);
                 for (i, &n) in verified.iter().enumerate() {
                     tables.grow(i, n + 1);
                 }
@@ -948,13 +958,7 @@ pub fn attention_continues_over_a_copied_block<G: Backend>(dev: &OnDevice<G>) {
     let params = AttentionParams { scale: (d as f32).powf(-0.5), window: None };
     on_both!(dev, &format!("attention over a copied block [{hq}, {hkv}, {d}]"), dev.attention_bound(d), |b| {
         let bs = b.kv_block_size();
-        let rows = |at: usize, t: usize| {
-            (
-                act(b, &[t, hq, d], &q[at * hq * d..(at + t) * hq * d]),
-                act(b, &[t, hkv, d], &k[at * hkv * d..(at + t) * hkv * d]),
-                act(b, &[t, hkv, d], &v[at * hkv * d..(at + t) * hkv * d]),
-            )
-        };
+        let rows = |at: usize, t: usize| qkv_rows(b, (&q, &k, &v), (hq, hkv, d), at, t);
         let blocks = 2 * total.div_ceil(bs) + 2;
         let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks }]).unwrap();
         // Blocks from the top down: neither sequence's are in order of position.
