@@ -9,7 +9,7 @@
 #![cfg(feature = "cuda")]
 
 use vt_core::backend::prelude::*;
-use vt_core::{Linear, Router, RouterKind};
+use vt_core::{AttentionParams, KvLayout, KvSeq, Linear, Rope, Router, RouterKind};
 use vt_cpu::CpuBackend;
 use vt_cuda::CudaBackend;
 use vt_test_support::on_both;
@@ -247,4 +247,26 @@ fn linear_nvfp4_prefill_tensor_cores() {
             report("cuda", &format!("linear nvfp4 tensor cores [{n}, {k}] t={t}"), bound, &gpu, &cpu);
         }
     }
+}
+
+/// `attention_decode` writes every row into the pool, so two rows that would write one place (a
+/// block two tables name, at one position) are refused, naming it, where the kernels would race;
+/// one sequence's consecutive positions (a verification's rows) are taken.
+#[test]
+fn attention_decode_refuses_two_rows_writing_one_place() {
+    let b = &cuda().backend;
+    let (hq, hkv, d) = (8, 2, 128);
+    let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: hkv, head_dim: d, blocks: 4 }]).unwrap();
+    let rope = Rope { inv_freq: vec![1.0; d / 2], attention_scaling: 1.0 };
+    let params = AttentionParams { scale: 0.1, window: None };
+    let rows = |heads: usize| act(b, &[2, heads, d], &Rng(7).vec(2 * heads * d, 1.0));
+    // Two sequences whose tables name block 2, both at position 5; then one sequence at 0 and 1.
+    let (a, other) = ([2u32], [2u32]);
+    let twice = [KvSeq { layer: 0, table: &a, start: 5 }, KvSeq { layer: 0, table: &other, start: 5 }];
+    let err = b.attention_decode(&rows(hq), &rows(hkv), &rows(hkv), &rope, &mut pool, &twice, &params);
+    let err = err.expect_err("two rows writing position 5 of block 2").to_string();
+    assert!(err.contains("two rows write position 5 of block 2"), "{err}");
+    let verify = [KvSeq { layer: 0, table: &a, start: 0 }, KvSeq { layer: 0, table: &a, start: 1 }];
+    let ok = b.attention_decode(&rows(hq), &rows(hkv), &rows(hkv), &rope, &mut pool, &verify, &params);
+    assert_eq!(ok.unwrap().shape(), [2, hq, d]);
 }
