@@ -14,7 +14,8 @@ pub struct ReplayInputs<'a, B: KvOps> {
     pub positions: &'a [usize],
     /// Each attention call of the step, in the order the step makes them: its rows' sequences in
     /// its pool layer (each at `start == positions[row]`). A call serves consecutive rows: all of
-    /// a decode step's, one wave of a verification's.
+    /// the step's single-token rows (a verification's waves one after another), or, where an op
+    /// runs a call per row, those rows in turn.
     pub attention: Vec<Vec<KvSeq<'a>>>,
     /// Each delta-net call of the step, in order: its sequences' states.
     pub delta_net: Vec<Vec<ReplayStates<'a, B>>>,

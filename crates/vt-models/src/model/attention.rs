@@ -103,7 +103,7 @@ impl<B: Backend> Attention<B> {
         // to the rows before it of its sequence. One sequence's one row keeps the per-sequence
         // ops, which a recorded step records.
         let kv = |k: usize, pos: usize| KvSeq { layer, table: tables[k], start: layout.starts[k] + pos };
-        let single: usize = layout.wave_sizes().iter().sum();
+        let single = layout.wave_rows();
         let (mut q, mut k, mut v) =
             (Some(q.reshape(&[t, width])?), Some(k.reshape(&[t, s.kv_heads * s.head_dim])?), Some(v));
         let mut parts = Vec::with_capacity(1 + layout.spans.len());

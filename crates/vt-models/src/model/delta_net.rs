@@ -115,8 +115,7 @@ impl<B: Backend> DeltaNet<B> {
         } else {
             let (stepwise, prompts) = states.split_at_mut(layout.stepwise());
             let mut parts = Vec::with_capacity(1 + layout.spans.len());
-            let waves = layout.wave_sizes();
-            let rows: usize = waves.iter().sum();
+            let (waves, rows) = (layout.wave_sizes(), layout.wave_rows());
             if rows > 0 {
                 let lead;
                 let (qkv, a, beta) = if rows == t {

@@ -78,6 +78,11 @@ impl Layout {
         self.waves.iter().map(|w| w.seqs).collect()
     }
 
+    /// Rows of the waves (the single-token steps), which lead the batch.
+    pub(super) fn wave_rows(&self) -> usize {
+        self.waves.iter().map(|w| w.seqs).sum()
+    }
+
     /// Whether some sequence runs several single-token steps (a verification).
     pub(super) fn verifies(&self) -> bool {
         self.waves.len() > 1

@@ -128,8 +128,8 @@ pub struct PoolConfig {
     pub chunk: usize,
     /// The sequence length to size the groups for (the longest an engine allows).
     pub tokens: usize,
-    /// Delta-net slots beyond one per sequence, for snapshots of sequences' states (share.rs);
-    /// `bytes` holds them too.
+    /// Delta-net slots beyond one per sequence, for snapshots of sequences' states (share.rs) and
+    /// verifications' rollback points (batch.rs); `bytes` holds them too.
     pub snapshots: usize,
 }
 

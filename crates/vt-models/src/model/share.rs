@@ -10,40 +10,25 @@
 
 use vt_core::{Backend, Error, Result, RELEASED};
 
-use super::pool::{lock, GdnSlot, PoolInner, StatePool};
+use super::pool::{lock, PoolInner, StatePool};
 use super::state::SeqState;
 
 impl<B: Backend> PoolInner<B> {
-    /// Copies slot `src`'s delta-net states into slot `dst`, every layer.
+    /// Copies slot `src`'s delta-net states into slot `dst`, every layer, in one `copy_many` (one
+    /// launch where the backend can).
     pub(super) fn copy_slot(&mut self, src: usize, dst: usize) -> Result<()> {
-        self.copy_slots(&[(src, dst)])
-    }
-
-    /// Copies each `(src, dst)` pair's delta-net states, every layer, in one `copy_many` (one
-    /// launch where the backend can: a step snapshots every verifying sequence at once). Each
-    /// `dst` is written once and is no pair's `src`.
-    pub(super) fn copy_slots(&mut self, pairs: &[(usize, usize)]) -> Result<()> {
-        let pairs: Vec<(usize, usize)> = pairs.iter().copied().filter(|(src, dst)| src != dst).collect();
+        if src == dst {
+            return Ok(());
+        }
         let b = self.backend.clone();
-        let mut all = Vec::with_capacity(2 * pairs.len() * self.slots.len());
+        let mut all = Vec::with_capacity(2 * self.slots.len());
         for layer in &mut self.slots {
             let n = layer.len();
-            let mut by_slot: Vec<Option<&mut GdnSlot<B>>> = layer.iter_mut().map(Some).collect();
-            let mut to = Vec::with_capacity(pairs.len());
-            for &(_, dst) in &pairs {
-                let slot = by_slot.get_mut(dst).and_then(Option::take);
-                to.push(slot.ok_or_else(|| {
-                    Error::input(format!("copying into slot {dst} of a pool of {n} slots (or twice)"))
-                })?);
-            }
-            let from: Vec<Option<&GdnSlot<B>>> = by_slot.into_iter().map(|s| s.map(|s| &*s)).collect();
-            for (&(src, _), to) in pairs.iter().zip(to) {
-                let from = from.get(src).copied().flatten().ok_or_else(|| {
-                    Error::input(format!("copying slot {src} of a pool of {n} slots (or one being written)"))
-                })?;
-                all.push((&from.conv, &mut to.conv));
-                all.push((&from.recurrent, &mut to.recurrent));
-            }
+            let [from, to] = layer
+                .get_disjoint_mut([src, dst])
+                .map_err(|_| Error::input(format!("copying slot {src} into slot {dst} of a pool of {n} slots")))?;
+            all.push((&from.conv, &mut to.conv));
+            all.push((&from.recurrent, &mut to.recurrent));
         }
         b.copy_many(&mut all)
     }
