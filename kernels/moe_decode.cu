@@ -91,19 +91,21 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
 }
 
-// The bf16 down kernels run one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM for one
-// token, MOE_DEC_WAVE_BF16_TN for more): each block takes an equal share of the output rows, a
-// token at a time, and its warps stream them. For one token an item's loads go in one round at
-// Qwen3.5's shapes (a row of 8 + 1 slots of 512: 18 chunks per
-// lane). The down kernels look up the slots' matrices before they wait for the gate/up kernel
-// (the routing they read is the kernel's before it: moe_dec_gate_up); the NVFP4 ones also load
-// their first round of weights then. The bf16 kernel copies each token's SwiGLU activations to
+// The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM): each
+// block takes an equal share of the output rows, a token at a time, and its warps stream them, 9
+// chunks a lane in flight (61 registers a thread), so an SM's 32 warps interleave their items'
+// loads and arithmetic (at Qwen3.5's shapes a row of 8 + 1 slots of 512 is 18 chunks per lane:
+// two rounds). The down kernels look up the slots' matrices before they wait for the gate/up
+// kernel (the routing they read is the kernel's before it: moe_dec_gate_up); the NVFP4 ones also
+// load their first round of weights then. The bf16 kernel copies each token's SwiGLU activations to
 // dynamic shared memory, where every warp's chunk reads find them at once (read from global
 // memory, each of those reads waited on a round trip to L2 between the weight loads and the
 // arithmetic).
 // Slots of one launch: t <= MOE_DEC_MAX_T tokens of top_k + 1 (shared) slots at most (the logits
 // of more than GEMV_MAX_T tokens come from the tensor-core GEMV, up to GEMV_MMA_MAX_T).
 #define MOE_DEC_SLOTS (MOE_DEC_MAX_T * (ROUTE_MAX_K + 1))
+// Chunks of a down row a bf16 lane has in flight.
+#define MOE_DEC_DOWN_CHUNKS 9
 
 // Slot s's down matrix and multiplier (slot_ids and slot_w from the routing, read through L2
 // before the down kernel waits; common.cuh: grid_dep_wait_then_trigger).
@@ -117,11 +119,10 @@ __device__ __forceinline__ void slot_down(const int* slot_ids, const float* slot
 // out[i, r] = sum over token i's slots of slot_w * (down_slot[r] . act[slot]): a row's chunks run
 // over the slots in order, lane l taking chunks l + 32 j, J of them in flight. An item is a row
 // of one token. Dynamic shared memory: slots * inter floats.
-template <int J>
 __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table,
                              const SharedDesc& sh, int t, int slots, int hidden, int inter) {
     typedef Bf16Chunks F;
-    constexpr int R = 1;
+    constexpr int R = 1, J = MOE_DEC_DOWN_CHUNKS;
     extern __shared__ float4 dyn[];
     float* as = (float*)dyn;
     __shared__ WeightDesc dn[MOE_DEC_SLOTS];
@@ -140,7 +141,8 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     };
     // The slots' descriptors are looked up while the gate/up kernel ends (read after the loop's
     // first barrier). Issuing each warp's first weights before the wait as well, as the NVFP4
-    // kernel does, made this loop slower from t = 4 on (docs/performance.md).
+    // kernel does, made this loop slower from t = 4 on, and a model's step at one token
+    // (docs/performance.md).
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) slot_down(slot_ids, slot_w, table, sh, s, dn[s], mul[s]);
     grid_dep_wait();
     stage(first / groups);
@@ -194,19 +196,12 @@ extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids,
                                                 int inter) {
     moe_dec_gate_up(act, slot_ids, x, table, sh, slots, inter);
 }
-// One resident wave of down blocks (see moe_dec_down).
+// One resident wave of down blocks (see moe_dec_down). One token takes the kernel of several as
+// fast as one of its own with a round of 18 chunks and 2 blocks a SM (docs/performance.md).
 extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
     moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots,
                       int hidden, int inter) {
-    moe_dec_down<18>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
-}
-// Several tokens: twice the blocks a SM, each lane half the chunks in flight (61 registers a
-// thread, not 110), so an SM's warps interleave their items' loads and arithmetic
-// (docs/performance.md).
-extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16_TN)
-    moe_dec_down_bf16_tn(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t,
-                         int slots, int hidden, int inter) {
-    moe_dec_down<9>(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
+    moe_dec_down(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
 
 // ---- NVFP4 experts on tensor cores (nvfp4.cuh's layout): a 16-row block of a weight per warp

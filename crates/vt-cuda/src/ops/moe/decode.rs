@@ -18,10 +18,7 @@ use crate::device::{CudaBackend, CudaTensor};
 use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
-use crate::limits::{
-    MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, MOE_DEC_WAVE_BF16_TN, NV4_K, NV4_ROWS, ROUTE_MAX_EXP,
-    ROUTE_MAX_K,
-};
+use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_K, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::nvfp4::frag_bytes;
 use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
@@ -231,8 +228,7 @@ pub(crate) fn moe_block(
 
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
     // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
-    // kernels/moe_decode.cu for one token, MOE_DEC_WAVE_BF16_TN for more), no more blocks than
-    // output rows. NVFP4: a block of
+    // kernels/moe_decode.cu), no more blocks than output rows. NVFP4: a block of
     // MOE_NV4_DOWN_WARPS warps (MOE_NV4_DOWN1_WARPS for one token) per (16-row block of the
     // output, token).
     let staged = if fp4 { frag_bytes(slots, inter) } else { 4 * slots * inter };
@@ -243,12 +239,8 @@ pub(crate) fn moe_block(
             _ => (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps),
         }
     } else {
-        let (f, wave) = match t {
-            1 => (&b.k().moe_dec_down_bf16, MOE_DEC_WAVE_BF16),
-            _ => (&b.k().moe_dec_down_bf16_tn, MOE_DEC_WAVE_BF16_TN),
-        };
-        let grid = ((t * h).min(wave * b.k().sm_count).max(1) as u32, 1, 1);
-        (f, grid, MOE_DEC_THREADS)
+        let grid = ((t * h).min(MOE_DEC_WAVE_BF16 * b.k().sm_count).max(1) as u32, 1, 1);
+        (&b.k().moe_dec_down_bf16, grid, MOE_DEC_THREADS)
     };
     allow_shared(down, staged, "moe_dec_down")?;
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: staged as u32 };
