@@ -144,7 +144,8 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     // kernel does, made this loop slower from t = 4 on, and a model's step at one token
     // (docs/performance.md).
     for (int s = threadIdx.x; s < t * slots; s += blockDim.x) slot_down(slot_ids, slot_w, table, sh, s, dn[s], mul[s]);
-    grid_dep_wait();
+    // The next kernel (the next layer's norm) launches once every block is here, not at the end.
+    grid_dep_wait_then_trigger();
     stage(first / groups);
     for (int tok = first / groups; tok * groups < last; tok++) {
         if (tok > first / groups) {
@@ -328,7 +329,7 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
         }
     };
     load_round(warp);
-    grid_dep_wait();
+    grid_dep_wait_then_trigger();
     const float* a = act + (long long)tok * slots * inter;
     for (int i0 = warp; i0 < items; i0 += W * U) {
         if (i0 != warp) load_round(i0);

@@ -19,6 +19,7 @@ use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
 use vt_core::{KvSeq, ReplayInputs, Result, RELEASED};
 
+use crate::alloc::CudaBuffer;
 use crate::capture::{RecordedAttention, RecordedStates, Recording};
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::{driver_err, err};
@@ -32,6 +33,11 @@ pub struct CudaStepGraph {
     /// The recorder: its inputs, its arena (the recorded step's scratch) and what it recorded.
     recorder: CudaBackend,
     main: Arc<CudaStream>,
+    /// What the last replay wrote into each table buffer and each delta-net call's address buffer
+    /// (nothing else writes them): a replay copies only the ones that changed. A batch-1 step
+    /// otherwise paid one host-to-device copy per delta-net layer before its launch.
+    uploaded_tables: Vec<Vec<u32>>,
+    uploaded_states: Vec<Vec<u64>>,
 }
 
 // SAFETY: cudarc's `CudaGraph` is not `Send` because graph objects must not be used from two
@@ -46,10 +52,22 @@ impl Drop for CudaStepGraph {
     }
 }
 
-impl CudaStepGraph {
-    fn recording(&self) -> &Recording {
-        self.recorder.recording().expect("a step graph's recorder is recording")
+fn recording_of(recorder: &CudaBackend) -> &Recording {
+    recorder.recording().expect("a step graph's recorder is recording")
+}
+
+/// Copies `host` into `buf` unless `last` (what the previous copy wrote there) equals it.
+fn upload_changed<T: Copy + PartialEq>(
+    b: &CudaBackend,
+    buf: &CudaBuffer,
+    host: Vec<T>,
+    last: &mut Vec<T>,
+) -> Result<()> {
+    if *last != host {
+        b.copy_in(buf, &host)?;
+        *last = host;
     }
+    Ok(())
 }
 
 /// Ends `recorder`'s capture and instantiates what it recorded.
@@ -63,7 +81,13 @@ pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<Cuda
         .end_capture(sys::CUgraphInstantiate_flags(0))
         .map_err(|e| driver_err("ending a capture", e))?
         .ok_or_else(|| err("finish_recording: nothing was recorded"))?;
-    Ok(CudaStepGraph { graph, main: parent.stream().clone(), recorder })
+    Ok(CudaStepGraph {
+        graph,
+        main: parent.stream().clone(),
+        recorder,
+        uploaded_tables: Vec::new(),
+        uploaded_states: Vec::new(),
+    })
 }
 
 /// Each recorded attention call with the sequences a replay gives it: the replay gives one call
@@ -115,7 +139,7 @@ pub(crate) fn replay(
     if !Arc::ptr_eq(&g.main, b.stream()) {
         return Err(err("replay: the step was recorded on another backend"));
     }
-    let rec = g.recording();
+    let rec = recording_of(&g.recorder);
     let rows = rec.rows();
     if inp.ids.len() != rows || inp.positions.len() != rows {
         return Err(err(format!(
@@ -217,18 +241,20 @@ pub(crate) fn replay(
     }
     host.extend_from_slice(inp.ids);
     b.copy_in(&rec.inputs, &host)?;
-    for ((buf, _), seqs) in tables.iter().zip(&filled) {
+    g.uploaded_tables.resize_with(tables.len(), Vec::new);
+    for (((buf, _), seqs), last) in tables.iter().zip(&filled).zip(&mut g.uploaded_tables) {
         let seqs = seqs.as_ref().ok_or_else(|| err("replay: a recorded table buffer no call reads"))?;
         let mut t = Vec::with_capacity(seqs.len() * width);
         for used in seqs {
             t.extend_from_slice(used);
             t.extend(std::iter::repeat_n(RELEASED, width - used.len()));
         }
-        b.copy_in(buf, &t)?;
+        upload_changed(b, buf, t, last)?;
     }
-    for (buf, ptrs) in states {
+    g.uploaded_states.resize_with(states.len(), Vec::new);
+    for ((buf, ptrs), last) in states.into_iter().zip(&mut g.uploaded_states) {
         let addrs: Vec<u64> = (0..4).flat_map(|k| ptrs.iter().map(move |p| p[k])).collect();
-        b.copy_in(buf, &addrs)?;
+        upload_changed(b, buf, addrs, last)?;
     }
     drop(recorded);
     // SAFETY: the graph is alive (owned by `g`) and runs on the backend's stream after the inputs
