@@ -289,13 +289,7 @@ template <int NB, bool COL0> __device__ void gemv_nv4(void* y, int ld, bool f32_
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
         if constexpr (COL0) {
-            nv4_stage_round<U>(
-                nv4_x, w.k, kt_n,
-                [&](int u, int& r, int& kt) {
-                    r = 0, kt = kt0 + W * u;
-                    return kt < kt_n;
-                },
-                [&](int, int j) { return *(const unsigned*)(x + j); });
+            nv4_stage_x<U>(nv4_x, x, w.k, kt_n, kt0, W);
         } else {
 #pragma unroll
             for (int u = 0; u < U; u++)
@@ -347,3 +341,66 @@ template <int NB, bool COL0> __device__ void gemv_nv4_parts(const GemvParts& p, 
 extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t1(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1, true>(p, x, t); }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<1, false>(p, x, t); }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4_MAX_WARPS) gemv_nvfp4_t16(GemvParts p, const bf16* x, int t) { gemv_nv4_parts<2, false>(p, x, t); }
+
+// ---------------------------------------------------------------------------------------------
+// NVFP4 for one token with a block's weights in shared memory (_t1s). A block takes `per` (p.ks)
+// consecutive row blocks of its part, whose tiles are one contiguous span of the tiled layout,
+// and copies all of them to shared memory before its grid_dep_wait, while earlier kernels still
+// run. gemv_nvfp4_t1's block per row block runs a 12288-row layer in waves (its blocks are not
+// all resident at once), each wave a round trip to memory; here every SM has its whole share in
+// flight from its block's start. The W warps take each row block's k tiles in turn; their sums
+// are added in a fixed order. Dynamic shared memory (vt-cuda: gemv.rs's t1s_shared): per row
+// block kt_n * (NV4_CODE_BYTES + NV4_SCALE_BYTES) bytes, then x as staged B fragments (kt_n *
+// 128 bytes).
+extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4S_WARPS) gemv_nvfp4_t1s(GemvParts p, const bf16* x, int t) {
+    constexpr int W = GEMV_NV4S_WARPS, U = 4;
+    extern __shared__ uint4 t1s[];
+    __shared__ float part[GEMV_NV4S_MAX_PER][W][NV4_ROWS];
+    grid_dep_trigger();
+    int pi = part_of(p);
+    const WeightDesc& w = p.w[pi];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int kt_n = nv4_k_tiles(w), per = p.ks, n = p.n[pi];
+    int rb0 = (blockIdx.x - p.first_block[pi]) * per, rbs = min(per, (n + NV4_ROWS - 1) / NV4_ROWS - rb0);
+    uint4* codes = t1s;
+    uint4* scales = codes + per * kt_n * (NV4_CODE_BYTES / 16);
+    uint4* xs = scales + per * kt_n * (NV4_SCALE_BYTES / 16);
+    const uint4* code_src = (const uint4*)((const unsigned char*)w.data + (long long)rb0 * kt_n * NV4_CODE_BYTES);
+    const uint4* scale_src = (const uint4*)((const unsigned char*)w.scales + (long long)rb0 * kt_n * NV4_SCALE_BYTES);
+    for (int i = threadIdx.x; i < rbs * kt_n * (NV4_CODE_BYTES / 16); i += blockDim.x) cp_async16(smem_addr(codes + i), code_src + i, true);
+    for (int i = threadIdx.x; i < rbs * kt_n * (NV4_SCALE_BYTES / 16); i += blockDim.x) cp_async16(smem_addr(scales + i), scale_src + i, true);
+    cp_async_commit();
+    grid_dep_wait();
+    for (int kt0 = warp; kt0 < kt_n; kt0 += W * U)
+        nv4_stage_x<U>(xs, x, w.k, kt_n, kt0, W);
+    cp_async_wait<0>();
+    __syncthreads();  // every warp's staged x and every thread's copies
+    // Two tiles at a time, each into its own accumulators: two independent chains of decodes
+    // and MMAs per warp (a row block of 2048 inputs is 2 tiles a warp).
+    for (int r = 0; r < rbs; r++) {
+        float acc[2][1][4] = {};
+        for (int kt0 = warp; kt0 < kt_n; kt0 += 2 * W) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int kt = kt0 + W * h, tile = r * kt_n + kt;
+                if (kt >= kt_n) break;
+                uint4 f[2];
+                nv4_staged_tile(xs, kt, c, f);
+                nv4_tile_mma<1, true>(acc[h], codes[tile * (NV4_CODE_BYTES / 16) + lane],
+                                      ((const uint2*)scales)[tile * (NV4_SCALE_BYTES / 8) + (lane >> 2)],
+                                      [&](int, int s, unsigned& b0, unsigned& b1) { nv4_staged_b(f, s, b0, b1); });
+            }
+        }
+        if (c == 0) {
+            part[r][warp][g] = acc[0][0][0] + acc[1][0][0];
+            part[r][warp][g + 8] = acc[0][0][2] + acc[1][0][2];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < rbs * NV4_ROWS; e += blockDim.x) {
+        int r = e / NV4_ROWS, row = NV4_ROWS * (rb0 + r) + e % NV4_ROWS;
+        float sum = 0.0f;
+        for (int j = 0; j < W; j++) sum += part[r][j][e % NV4_ROWS];
+        if (row < n) store_y((void*)p.y[pi], p.f32_out, row, sum * w.global[0]);
+    }
+}

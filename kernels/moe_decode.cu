@@ -254,13 +254,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
     const bf16* xr = x + (long long)tok * k;
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U) {
         if (kt0 != warp) load_round(kt0);
-        nv4_stage_round<U>(
-            nv4_x, k, kt_n,
-            [&](int u, int& r, int& kt) {
-                r = 0, kt = kt0 + W * u;
-                return kt < kt_n;
-            },
-            [&](int, int j) { return *(const unsigned*)(xr + j); });
+        nv4_stage_x<U>(nv4_x, xr, k, kt_n, kt0, W);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kt = kt0 + W * u;

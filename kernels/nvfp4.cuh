@@ -138,6 +138,17 @@ template <int U, typename Tile, typename Pair> __device__ __forceinline__ void n
     __syncwarp();
 }
 
+// One token's x (bf16, k inputs) staged for k tiles kt0 + W u, u < U (those below kt_n).
+template <int U> __device__ __forceinline__ void nv4_stage_x(uint4* dst, const bf16* x, int k, int kt_n, int kt0, int W) {
+    nv4_stage_round<U>(
+        dst, k, kt_n,
+        [&](int u, int& r, int& kt) {
+            r = 0, kt = kt0 + W * u;
+            return kt < kt_n;
+        },
+        [&](int, int j) { return *(const unsigned*)(x + j); });
+}
+
 // Lane column c's two 16-byte reads of staged tile `tile` (row r's k tile kt: r * kt_n + kt).
 __device__ __forceinline__ void nv4_staged_tile(const uint4* st, int tile, int c, uint4 (&f)[2]) {
     f[0] = st[2 * (4 * tile + c)];

@@ -199,7 +199,7 @@ kernels! {
     "attention.cu" => [kv_append, attention],
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
-    "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_t2, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4_t1, gemv_nvfp4, gemv_nvfp4_t16],
+    "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_t2, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4_t1, gemv_nvfp4_t1s, gemv_nvfp4, gemv_nvfp4_t16],
     "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4_t1, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
     "random.cu" => [fill_random],

@@ -83,6 +83,10 @@ shared! {
     /// warp has in flight; warps of a MoE down block and the tiles each has in flight.
     GEMV_NV4_TILES: usize = 4;
     GEMV_NV4_MAX_WARPS: usize = 16;
+    /// One token's NVFP4 GEMV with its weights in shared memory (gemv_nvfp4_t1s): warps of a
+    /// block, and most row blocks a block takes (its static partial sums).
+    GEMV_NV4S_WARPS: usize = 16;
+    GEMV_NV4S_MAX_PER: usize = 12;
     MOE_NV4_WARPS: usize = 8;
     MOE_NV4_U: usize = 4;
     MOE_NV4_DOWN_WARPS: usize = 8;

@@ -14,8 +14,8 @@ use crate::launch::{i32_of, launched};
 use crate::limits::{NV4_K, NV4_ROWS};
 
 /// Bytes of a tile's codes and of its scales.
-const CODE_BYTES: usize = NV4_ROWS * NV4_K / 2;
-const SCALE_BYTES: usize = NV4_ROWS * NV4_K / 16;
+pub(crate) const CODE_BYTES: usize = NV4_ROWS * NV4_K / 2;
+pub(crate) const SCALE_BYTES: usize = NV4_ROWS * NV4_K / 16;
 
 /// Bytes of `rows` bf16 rows of `k` inputs staged as the decode kernels' B fragments
 /// (kernels/nvfp4.cuh: nv4_stage_round): 128 a 64-input tile, the last one padded.

@@ -493,7 +493,10 @@ pub fn linear_decode_gemv_few_tokens<G: Backend>(dev: &OnDevice<G>) {
     // tensor-core GEMV at every count (8-token column tiles, two past 8) in 16 x 64 tiles: rows
     // past a 16-row block, and inputs past a 64-input tile (96, 208, 4128: a last tile of 2, 1
     // and 2 k steps), are padding it must not count; a row block's tiles are split over 1 to 16
-    // warps, and rows of 4128 inputs take a second round of tiles (kernels/gemv.cu).
+    // warps, and rows of 4128 inputs take a second round of tiles (kernels/gemv.cu). One token's
+    // layers of up to GEMV_NV4S_MAX_PER row blocks an SM (9001 rows here: 5, the last block's
+    // partial) take the kernel that holds a block's weights in shared memory, 33001 and 70001 rows
+    // the block per row block.
     for (n, k) in
         [(37, 1024), (300, 96), (8, 4096), (24, 4128), (9001, 256), (33001, 64), (70001, 64), (45, 520), (21, 208)]
     {

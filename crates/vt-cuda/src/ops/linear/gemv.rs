@@ -8,9 +8,13 @@ use vt_core::{DType, Result, Weight};
 
 use crate::device::CudaBackend;
 use crate::error::{check, err};
+use crate::kernels::allow_shared;
 use crate::launch::{i32_of, Overlapped};
-use crate::limits::{GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_ROWS, NV4_K, NV4_ROWS};
-use crate::nvfp4::frag_bytes;
+use crate::limits::{
+    GEMV_MAX_PARTS, GEMV_MAX_T, GEMV_MMA_MAX_T, GEMV_MMA_WARPS, GEMV_NV4S_MAX_PER, GEMV_NV4S_WARPS, GEMV_ROWS, NV4_K,
+    NV4_ROWS,
+};
+use crate::nvfp4::{frag_bytes, CODE_BYTES, SCALE_BYTES};
 use crate::weight::WeightDesc;
 
 // A CUDA-core block's 4 warps take 4 / ks row groups of GEMV_ROWS rows, ks warps per group.
@@ -50,14 +54,14 @@ const MMA_MIN_T: usize = 3;
 /// loads then serves 32 rows), still leaving 256 blocks.
 const MMA_TWO_TILES_ROWS: usize = 8192;
 
-/// A GEMV kernel and how it tiles a launch: groups of `ks` warps own `group_rows` rows, `warps`
-/// warps a block.
+/// A GEMV kernel and how it tiles a launch: a block of `warps` warps owns `block_rows` rows;
+/// `ks` is the kernel's GemvParts.ks (warps per row group, or gemv_nvfp4_t1s's row blocks a block).
 struct Tiling<'a> {
     f: &'a CudaFunction,
-    group_rows: usize,
+    block_rows: usize,
     warps: usize,
     ks: usize,
-    /// Dynamic shared memory a block takes (gemv_nvfp4_t1's staged x).
+    /// Dynamic shared memory a block takes (gemv_nvfp4_t1's staged x, gemv_nvfp4_t1s's weights).
     shared: usize,
 }
 
@@ -68,6 +72,30 @@ const DEFAULT_SHARED: usize = 48 * 1024;
 /// sums of one column tile (kernels/gemv.cu, `part`).
 fn nv4_t1_static(max_warps: usize) -> usize {
     4 * max_warps * 4 * 32
+}
+
+/// gemv_nvfp4_t1s's static shared memory: its warps' sums of up to GEMV_NV4S_MAX_PER row blocks.
+const NV4S_STATIC: usize = 4 * GEMV_NV4S_MAX_PER * GEMV_NV4S_WARPS * NV4_ROWS;
+
+/// gemv_nvfp4_t1s's dynamic shared memory for `per` row blocks of `k` inputs a block: their
+/// tiles' codes and scales, and x's staged fragments.
+fn t1s_shared(per: usize, k: usize) -> usize {
+    per * k.div_ceil(NV4_K) * (CODE_BYTES + SCALE_BYTES) + frag_bytes(1, k)
+}
+
+/// One token of an NVFP4 layer of `rows` rows: gemv_nvfp4_t1s, each block with about a
+/// multiprocessor's share of the row blocks in shared memory, where they fit.
+fn nv4_t1s<'a>(b: &'a CudaBackend, rows: usize, k: usize) -> Option<Tiling<'a>> {
+    let kf = b.k();
+    let per = rows.div_ceil(NV4_ROWS).div_ceil(kf.sm_count);
+    let shared = t1s_shared(per, k);
+    (per <= GEMV_NV4S_MAX_PER && shared + NV4S_STATIC <= kf.max_shared).then_some(Tiling {
+        f: &kf.gemv_nvfp4_t1s,
+        block_rows: per * NV4_ROWS,
+        warps: GEMV_NV4S_WARPS,
+        ks: per,
+        shared,
+    })
 }
 
 /// Which GEMV kernel takes `w` (bf16 rows of whole 16-byte chunks, or NVFP4) for `t` tokens in a
@@ -86,12 +114,15 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
             b if b < SPLIT_2_BELOW => 2,
             _ => 1,
         };
-        Some(Tiling { f, group_rows: GEMV_ROWS, warps: 4, ks, shared: 0 })
+        Some(Tiling { f, block_rows: 4 / ks * GEMV_ROWS, warps: 4, ks, shared: 0 })
     };
     let kf = b.k();
     match w {
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
         Weight::Nvfp4(_) => {
+            if let Some(staged) = nv4_t1s(b, rows, k).filter(|_| t == 1) {
+                return Some(staged);
+            }
             let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
             // One token stages x in shared memory (up to 20k inputs: no opt-in needed).
             let staged = frag_bytes(1, k);
@@ -100,7 +131,7 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
                 _ if t > GEMV_MAX_T => (&kf.gemv_nvfp4_t16, 0),
                 _ => (&kf.gemv_nvfp4, 0),
             };
-            Some(Tiling { f, group_rows: NV4_ROWS, warps, ks: warps, shared })
+            Some(Tiling { f, block_rows: NV4_ROWS, warps, ks: warps, shared })
         }
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
             let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
@@ -109,7 +140,7 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
                 (true, true) => (&kf.gemv_bf16_mma2_t16, 2),
                 (false, true) => (&kf.gemv_bf16_mma1_t16, 1),
             };
-            Some(Tiling { f, group_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS, shared: 0 })
+            Some(Tiling { f, block_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS, shared: 0 })
         }
         _ if t > GEMV_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => cores(match t {
@@ -179,7 +210,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let tiling =
         plan(b, t, &ws).ok_or_else(|| err(format!("linear: no GEMV kernel takes these weights at {t} tokens")))?;
     let first = ws[0];
-    let Tiling { f, group_rows, warps, ks, shared } = tiling;
+    let Tiling { f, block_rows, warps, ks, shared } = tiling;
     let mut p = GemvParts {
         w: [WeightDesc::of(first, "linear")?; GEMV_MAX_PARTS],
         y: [0; GEMV_MAX_PARTS],
@@ -191,7 +222,6 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         f32_out: matches!(out, Out::F32 { .. }) as i32,
         pad: 0,
     };
-    let rows_per_block = warps / ks * group_rows;
     let mut blocks = 0;
     for (i, (w, y)) in parts.iter().enumerate() {
         let n = w.dims().0;
@@ -203,9 +233,13 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
             Out::F32 { ld } => i32_of(ld, "linear output stride")?,
         };
         p.first_block[i] = i32_of(blocks, "linear blocks")?;
-        blocks += n.div_ceil(rows_per_block);
+        blocks += n.div_ceil(block_rows);
     }
     let ti = t as i32;
+    // The default limit counts a kernel's static shared memory too: opt in to the dynamic part.
+    if shared > 0 {
+        allow_shared(f, shared, "gemv")?;
+    }
     let mut l = Overlapped::new(b, f);
     l.arg(&p).arg(&x).arg(&ti);
     let cfg = LaunchConfig {
@@ -218,9 +252,11 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     // gemv_nvfp4(_t1, _t16)(same): up to GEMV_NV4_MAX_WARPS (= ks) warps on one 16-row block
     // (kernel_for, the kernels' own number); part i owns blocks first_block[i].. covering its n[i]
     // rows (for NVFP4, row blocks < ceil(n[i] / 16) of its tiled layout, nvfp4.rs); 1 <= t <=
-    // GEMV_MAX_T (t = 1 for _t1, 2 for _t2; t <= GEMV_MMA_MAX_T for _t16); gemv_nvfp4_t1 has its
-    // staged x's frag_bytes(1, k) of dynamic shared memory (with its static part, at most the
-    // default 48 KB); every desc
+    // GEMV_MAX_T (t = 1 for _t1, _t1s and _t2; t <= GEMV_MMA_MAX_T for _t16); gemv_nvfp4_t1 has
+    // its staged x's frag_bytes(1, k) of dynamic shared memory (with its static part, at most the
+    // default 48 KB); gemv_nvfp4_t1s, GEMV_NV4S_WARPS warps on ks = per <= GEMV_NV4S_MAX_PER row
+    // blocks, has t1s_shared(per, k) (allowed above; with its static part, at most the opt-in
+    // limit: nv4_t1s); every desc
     // describes a live [n_i, k] weight of this kernel's format whose bf16 rows are whole chunks of
     // its loads (kernel_for: 16 bytes, 32 inputs for the tensor-core kernels; NVFP4 reads whole
     // tiles, k % 16 == 0 validated at load); x holds t * k values, each y[i] t rows of ld[i] (>=
@@ -237,5 +273,6 @@ pub(crate) fn mirrors() -> Vec<String> {
         "sizeof(float[GEMV_NV4_MAX_WARPS][1][4][32])",
         nv4_t1_static(crate::limits::GEMV_NV4_MAX_WARPS),
     ));
+    checks.push(crate::kernels::c_equal("sizeof(float[GEMV_NV4S_MAX_PER][GEMV_NV4S_WARPS][NV4_ROWS])", NV4S_STATIC));
     checks
 }
