@@ -10,6 +10,7 @@ shortening it could save on a chain of dependent launches. Then the increments s
 
 usage: kernel_trace.py trace.csv [--kernels]
 """
+import bisect
 import collections
 import statistics
 import sys
@@ -37,26 +38,19 @@ def short(name):
     return name
 
 
+def between(items, start, end):
+    """The records (sorted by start) that start in [start, end)."""
+    return items[bisect.bisect_left(items, (start,)):bisect.bisect_left(items, (end,))]
+
+
 def steps(kernels, calls):
-    """(launch call, kernels, calls) of each step: from one graph launch to the next."""
+    """(launch call, next launch call, kernels, calls) of each step: from one graph launch to the next."""
     launches = [c for c in calls if c[2].startswith("cuGraphLaunch")]
     out = []
-    ki = ci = 0
     for a, b in zip(launches, launches[1:]):
-        while ki < len(kernels) and kernels[ki][0] < a[0]:
-            ki += 1
-        ks = []
-        while ki < len(kernels) and kernels[ki][0] < b[0]:
-            ks.append(kernels[ki])
-            ki += 1
-        while ci < len(calls) and calls[ci][0] < a[0]:
-            ci += 1
-        cs = []
-        while ci < len(calls) and calls[ci][0] < b[0]:
-            cs.append(calls[ci])
-            ci += 1
+        ks = between(kernels, a[0], b[0])
         if ks:
-            out.append((a, b, ks, cs))
+            out.append((a, b, ks, between(calls, a[0], b[0])))
     return out
 
 
