@@ -61,8 +61,10 @@ struct Tiling<'a> {
     block_rows: usize,
     warps: usize,
     ks: usize,
-    /// Dynamic shared memory a block takes (gemv_nvfp4_t1's staged x, gemv_nvfp4_t1s's weights).
+    /// Dynamic shared memory a block takes (gemv_nvfp4_t1's staged x, gemv_nvfp4_t1s's weights),
+    /// and whether the kernel must opt in to it (with its static part, past the default 48 KB).
     shared: usize,
+    opt_in: bool,
 }
 
 /// Shared memory (static and dynamic together) a block may take without opting in.
@@ -95,6 +97,7 @@ fn nv4_t1s<'a>(b: &'a CudaBackend, rows: usize, k: usize) -> Option<Tiling<'a>> 
         warps: GEMV_NV4S_WARPS,
         ks: per,
         shared,
+        opt_in: true,
     })
 }
 
@@ -114,13 +117,13 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
             b if b < SPLIT_2_BELOW => 2,
             _ => 1,
         };
-        Some(Tiling { f, block_rows: 4 / ks * GEMV_ROWS, warps: 4, ks, shared: 0 })
+        Some(Tiling { f, block_rows: 4 / ks * GEMV_ROWS, warps: 4, ks, shared: 0, opt_in: false })
     };
     let kf = b.k();
     match w {
         _ if t == 0 || t > GEMV_MMA_MAX_T => None,
         Weight::Nvfp4(_) => {
-            if let Some(staged) = nv4_t1s(b, rows, k).filter(|_| t == 1) {
+            if let Some(staged) = (t == 1).then(|| nv4_t1s(b, rows, k)).flatten() {
                 return Some(staged);
             }
             let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
@@ -131,7 +134,7 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
                 _ if t > GEMV_MAX_T => (&kf.gemv_nvfp4_t16, 0),
                 _ => (&kf.gemv_nvfp4, 0),
             };
-            Some(Tiling { f, block_rows: NV4_ROWS, warps, ks: warps, shared })
+            Some(Tiling { f, block_rows: NV4_ROWS, warps, ks: warps, shared, opt_in: false })
         }
         Weight::Dense(d) if d.dtype() == DType::BF16 && t >= MMA_MIN_T && k.is_multiple_of(32) => {
             let (f, tiles) = match (rows >= MMA_TWO_TILES_ROWS, t > GEMV_MAX_T) {
@@ -140,7 +143,14 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
                 (true, true) => (&kf.gemv_bf16_mma2_t16, 2),
                 (false, true) => (&kf.gemv_bf16_mma1_t16, 1),
             };
-            Some(Tiling { f, block_rows: 16 * tiles, warps: GEMV_MMA_WARPS, ks: GEMV_MMA_WARPS, shared: 0 })
+            Some(Tiling {
+                f,
+                block_rows: 16 * tiles,
+                warps: GEMV_MMA_WARPS,
+                ks: GEMV_MMA_WARPS,
+                shared: 0,
+                opt_in: false,
+            })
         }
         _ if t > GEMV_MAX_T => None,
         Weight::Dense(d) if d.dtype() == DType::BF16 && k.is_multiple_of(8) => cores(match t {
@@ -210,7 +220,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
     let tiling =
         plan(b, t, &ws).ok_or_else(|| err(format!("linear: no GEMV kernel takes these weights at {t} tokens")))?;
     let first = ws[0];
-    let Tiling { f, block_rows, warps, ks, shared } = tiling;
+    let Tiling { f, block_rows, warps, ks, shared, opt_in } = tiling;
     let mut p = GemvParts {
         w: [WeightDesc::of(first, "linear")?; GEMV_MAX_PARTS],
         y: [0; GEMV_MAX_PARTS],
@@ -236,8 +246,7 @@ fn launch(b: &CudaBackend, x: u64, t: usize, parts: &[(&Weight<CudaBackend>, u64
         blocks += n.div_ceil(block_rows);
     }
     let ti = t as i32;
-    // The default limit counts a kernel's static shared memory too: opt in to the dynamic part.
-    if shared > 0 {
+    if opt_in {
         allow_shared(f, shared, "gemv")?;
     }
     let mut l = Overlapped::new(b, f);
