@@ -204,6 +204,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+// The block's threads issue n contiguous 16-byte copies, all in flight at once (a load-then-store
+// loop would wait on L2 once an iteration); the caller commits them.
+__device__ __forceinline__ void cp_async_block(void* dst, const void* src, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cp_async16(smem_addr((uint4*)dst + i), (const uint4*)src + i, true);
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N committed groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

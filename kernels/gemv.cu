@@ -367,8 +367,8 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_NV4S_WARPS) gemv_nvfp4_t1
     uint4* xs = scales + per * kt_n * (NV4_SCALE_BYTES / 16);
     const uint4* code_src = (const uint4*)((const unsigned char*)w.data + (long long)rb0 * kt_n * NV4_CODE_BYTES);
     const uint4* scale_src = (const uint4*)((const unsigned char*)w.scales + (long long)rb0 * kt_n * NV4_SCALE_BYTES);
-    for (int i = threadIdx.x; i < rbs * kt_n * (NV4_CODE_BYTES / 16); i += blockDim.x) cp_async16(smem_addr(codes + i), code_src + i, true);
-    for (int i = threadIdx.x; i < rbs * kt_n * (NV4_SCALE_BYTES / 16); i += blockDim.x) cp_async16(smem_addr(scales + i), scale_src + i, true);
+    cp_async_block(codes, code_src, rbs * kt_n * (NV4_CODE_BYTES / 16));
+    cp_async_block(scales, scale_src, rbs * kt_n * (NV4_SCALE_BYTES / 16));
     cp_async_commit();
     grid_dep_wait();
     for (int kt0 = warp; kt0 < kt_n; kt0 += W * U)

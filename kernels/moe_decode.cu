@@ -132,11 +132,9 @@ __device__ void moe_dec_down(bf16* out, const float* act, const int* slot_ids, c
     // item still reach every barrier.
     int items = t * groups;
     int first = (int)((long long)blockIdx.x * items / gridDim.x), last = (int)((long long)(blockIdx.x + 1) * items / gridDim.x);
-    // Token tok's activations into shared memory, every copy in flight at once (a load-then-store
-    // loop waits on L2 once per iteration).
+    // Token tok's activations into shared memory.
     auto stage = [&](int tok) {
-        const float4* src = (const float4*)(act + (long long)tok * slots * inter);
-        for (int i = threadIdx.x; i < slots * inter / 4; i += blockDim.x) cp_async16(smem_addr((float4*)as + i), src + i, true);
+        cp_async_block(as, act + (long long)tok * slots * inter, slots * inter / 4);
         cp_async_commit();
     };
     // The slots' descriptors are looked up while the gate/up kernel ends (read after the loop's
