@@ -1,9 +1,10 @@
 // Gated DeltaNet decode: single-token steps, one position or several of each sequence.
 // gdn_dec_conv (the causal conv1d step + SiLU over every q/k/v channel, conv state shifted) then
 // gdn_dec_state (l2-normalised q and k, the gates, the state's decay, delta update and output: the
-// f32 state is read once and written once a call, kept in registers across the positions).
-// Mirrors gdn.cu's token-by-token kernels; the conv output stays f32 between the two.
-// gdn_dec_state needs key_dim = value_dim = GDN_D.
+// f32 state is read once and written once a call, kept in registers across the positions), or
+// both in one launch (gdn_dec_step: each block steps the conv channels it reads itself, a key
+// head's blocks a thread block cluster). Mirrors gdn.cu's token-by-token kernels; the conv output
+// stays f32 between the two. The state kernels need key_dim = value_dim = GDN_D.
 
 // GDN_COLS: value columns of one head per block: 4 blocks per head, so a single sequence's 32
 // heads already spread over 128 blocks.
@@ -68,27 +69,78 @@ __device__ __forceinline__ void col_sums(float* p, float (*red)[GDN_COLS], float
     for (int c = 0; c < 4; c++) p[c] = tot[cg * 4 + c];
 }
 
-// The gated delta rule on the conv outputs qkv (f32, a row per position: q [key_heads, D], k
-// [key_heads, D], v [value_heads, D]), for each of a sequence's positions in turn:
-// S *= exp(g);  delta = (v - S^T k) * beta;  S += k (x) delta;  o = S^T q. The state stays in
-// registers across the positions: read once, written once. Grid: (value_heads, D / GDN_COLS,
-// sequences), 256 threads; thread (rg = tid / 8, cg = tid % 8) keeps S rows rg + 32m (m < 4),
-// columns col .. col + 3.
-extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
-                                         const void* dt_bias, int dt_bias_dt, SeqPtrs states, const u64* states_at,
-                                         SeqPtrs firsts, const u64* firsts_at, const __grid_constant__ GdnWaves waves,
-                                         int nwaves, int first, int key_heads, int value_heads) {
-    grid_dep_begin();
-    int seq = first + blockIdx.z;
-    float* state = (float*)(states_at ? states_at[blockIdx.z] : states.p[blockIdx.z]);
-    u64 at_first = firsts_at ? firsts_at[blockIdx.z] : firsts.p[blockIdx.z];
+// One thread's conv channel in gdn_dec_step: its GDN_FUSED_TAPS weights and window (the last
+// GDN_FUSED_TAPS - 1 inputs, oldest first), in registers.
+struct ConvChannel {
+    float w[GDN_FUSED_TAPS], win[GDN_FUSED_TAPS - 1];
+};
+
+__device__ __forceinline__ void conv_load(ConvChannel& cc, const void* wt, int wdt, const bf16* st, long long ch) {
+#pragma unroll
+    for (int i = 0; i < GDN_FUSED_TAPS; i++) cc.w[i] = ld(wt, wdt, ch * GDN_FUSED_TAPS + i);
+#pragma unroll
+    for (int i = 0; i + 1 < GDN_FUSED_TAPS; i++) cc.win[i] = bf2f(st[ch * (GDN_FUSED_TAPS - 1) + i]);
+}
+
+// gdn_dec_conv's step of one channel, in its order: silu(sum_j w_j * (window, x)_j), x shifted in.
+__device__ __forceinline__ float conv_step(ConvChannel& cc, bf16 x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i + 1 < GDN_FUSED_TAPS; i++) acc += cc.w[i] * cc.win[i];
+    acc += cc.w[GDN_FUSED_TAPS - 1] * bf2f(x);
+#pragma unroll
+    for (int i = 0; i + 2 < GDN_FUSED_TAPS; i++) cc.win[i] = cc.win[i + 1];
+    cc.win[GDN_FUSED_TAPS - 2] = bf2f(x);
+    return silu(acc);
+}
+
+__device__ __forceinline__ void conv_store(const ConvChannel& cc, bf16* st, long long ch) {
+#pragma unroll
+    for (int i = 0; i + 1 < GDN_FUSED_TAPS; i++) st[ch * (GDN_FUSED_TAPS - 1) + i] = f2bf(cc.win[i]);
+}
+
+// The conv step inside gdn_dec_step (CONV): thread tid steps q/k channel `qk` (of q for tid <
+// GDN_D, then of k), threads tid < GDN_COLS value channel `vc`, into shared memory. The windows
+// are written after the first position to the rollback point (`first`, when not 0) and after the
+// last to the conv state `st`: the q/k ones by the cluster's `lead` block only, and to `st` only
+// once every block of the cluster has stepped its first position, the last read of `st` (a split
+// cluster barrier: each block arrives after its first step and waits before its last writes; the
+// arrive's release waits for the block's loads so far, which the step needs anyway).
+struct ConvArgs {
+    const bf16* x;
+    bf16* st;
+    const void* w;
+    int wdt;
+    u64 first;
+    bool lead;
+};
+
+// The gated delta rule for each of a sequence's positions in turn: S *= exp(g);  delta = (v - S^T
+// k) * beta;  S += k (x) delta;  o = S^T q, with q, k and v from gdn_dec_conv's f32 rows `qkv`
+// (a row per position: q [key_heads, D], k [key_heads, D], v [value_heads, D]) or, with CONV, from
+// the block's own conv step of `conv.x` (ConvArgs). The state stays in registers across the
+// positions: read once, written once. Grid: (value_heads, D / GDN_COLS, sequences), 256 threads;
+// thread (rg = tid / 8, cg = tid % 8) keeps S rows rg + 32m (m < 4), columns col .. col + 3.
+template <bool CONV>
+__device__ __forceinline__ void gdn_state_steps(bf16* out, const float* qkv, const ConvArgs& conv, const bf16* a, const bf16* b,
+                                                const void* a_log, int a_log_dt, const void* dt_bias, int dt_bias_dt, float* state,
+                                                u64 at_first, const GdnWaves& waves, int nwaves, int seq, int key_heads, int value_heads) {
     __shared__ float qs[GDN_D], ks[GDN_D];
     __shared__ float red[8][GDN_COLS];
     __shared__ float tot[GDN_COLS];
+    __shared__ float conv_qk[CONV ? 2 * GDN_D : 1], conv_v[CONV ? GDN_COLS : 1];
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int kh = h / (value_heads / key_heads);
     int rg = tid >> 3, col = blockIdx.y * GDN_COLS + (tid & 7) * 4;
     float* S = state + (long long)h * GDN_D * GDN_D + col;
+    int c = (2 * key_heads + value_heads) * GDN_D;
+    long long qk = tid < GDN_D ? (long long)kh * GDN_D + tid : (long long)(key_heads + kh) * GDN_D + tid - GDN_D;
+    long long vc = (long long)(2 * key_heads + h) * GDN_D + blockIdx.y * GDN_COLS + tid;
+    ConvChannel cq, cv;
+    if (CONV) {
+        conv_load(cq, conv.w, conv.wdt, conv.st, qk);
+        if (tid < GDN_COLS) conv_load(cv, conv.w, conv.wdt, conv.st, vc);
+    }
     // The state's loads go first: they are in flight while q and k load and normalise.
     float4 s[GDN_D / 32];
 #pragma unroll
@@ -96,14 +148,36 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
     float neg_a = -expf(ld(a_log, a_log_dt, h)), bias = ld(dt_bias, dt_bias_dt, h);
     long long row = seq;
     for (int j = 0; j < nwaves && waves.seqs[j] > seq; row += waves.seqs[j], j++) {
-        const float* x = qkv + row * (2 * key_heads + value_heads) * GDN_D;
+        const float *q, *k, *v;
+        if (CONV) {
+            // The previous position's reads of conv_qk and conv_v came before its col_sums' barriers.
+            conv_qk[tid] = conv_step(cq, conv.x[row * c + qk]);
+            if (tid < GDN_COLS) conv_v[tid] = conv_step(cv, conv.x[row * c + vc]);
+            if (j == 0) {
+                asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+                if (conv.first != 0) {
+                    if (conv.lead) conv_store(cq, (bf16*)conv.first, qk);
+                    if (tid < GDN_COLS) conv_store(cv, (bf16*)conv.first, vc);
+                }
+            }
+            if (j + 1 == nwaves || waves.seqs[j + 1] <= seq) {
+                asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+                if (conv.lead) conv_store(cq, conv.st, qk);
+                if (tid < GDN_COLS) conv_store(cv, conv.st, vc);
+            }
+            __syncthreads();
+            q = conv_qk, k = conv_qk + GDN_D, v = conv_v + col % GDN_COLS;
+        } else {
+            const float* x = qkv + row * c;
+            q = x + (long long)kh * GDN_D, k = x + (long long)(key_heads + kh) * GDN_D, v = x + (long long)(2 * key_heads + h) * GDN_D + col;
+        }
         // The previous position's last reads of qs and ks came before its col_sums' barriers.
         if (warp < 2) {
             // As gdn.cu's load_l2: x * (1 / sqrt(sum x^2 + 1e-6)) * (1 / sqrt(D) for q).
-            const float* src = x + (long long)(warp * key_heads + kh) * GDN_D;
+            const float* from = warp == 0 ? q : k;
             float vals[GDN_D / 32], ss = 0.0f;
 #pragma unroll
-            for (int m = 0; m < GDN_D / 32; m++) { vals[m] = src[lane + 32 * m]; ss += vals[m] * vals[m]; }
+            for (int m = 0; m < GDN_D / 32; m++) { vals[m] = from[lane + 32 * m]; ss += vals[m] * vals[m]; }
             float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), mul = warp == 0 ? 1.0f / sqrtf((float)GDN_D) : 1.0f;
             float* dst = warp == 0 ? qs : ks;
 #pragma unroll
@@ -120,7 +194,6 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
             p[0] += s[m].x * kk; p[1] += s[m].y * kk; p[2] += s[m].z * kk; p[3] += s[m].w * kk;
         }
         col_sums(p, red, tot);
-        const float* v = x + (long long)(2 * key_heads + h) * GDN_D + col;
         float delta[4];
 #pragma unroll
         for (int c = 0; c < 4; c++) { delta[c] = (v[c] - p[c]) * beta; p[c] = 0.0f; }
@@ -142,4 +215,36 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
     }
 #pragma unroll
     for (int m = 0; m < GDN_D / 32; m++) *(float4*)(S + (rg + 32 * m) * GDN_D) = s[m];
+}
+
+extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const void* a_log, int a_log_dt,
+                                         const void* dt_bias, int dt_bias_dt, SeqPtrs states, const u64* states_at,
+                                         SeqPtrs firsts, const u64* firsts_at, const __grid_constant__ GdnWaves waves,
+                                         int nwaves, int first, int key_heads, int value_heads) {
+    grid_dep_begin();
+    float* state = (float*)(states_at ? states_at[blockIdx.z] : states.p[blockIdx.z]);
+    u64 at_first = firsts_at ? firsts_at[blockIdx.z] : firsts.p[blockIdx.z];
+    gdn_state_steps<false>(out, qkv, ConvArgs{}, a, b, a_log, a_log_dt, dt_bias, dt_bias_dt, state, at_first, waves, nwaves, first + blockIdx.z,
+                           key_heads, value_heads);
+}
+
+// gdn_dec_conv and gdn_dec_state in one launch, for GDN_FUSED_TAPS taps: each block steps
+// the conv of its key head's q and k channels and of its own value columns itself. A key head's
+// q/k channels are stepped by all the value_heads / key_heads x GDN_D / GDN_COLS blocks that read
+// them, launched as one thread block cluster (x: the key head's value heads, y: their column
+// blocks), whose first block writes their conv state back (ConvArgs); each block writes its value
+// columns' own. The states and their rollback points come as gdn_dec_conv's and gdn_dec_state's.
+extern "C" __global__ void gdn_dec_step(bf16* out, const bf16* x, const void* w, int wdt, const bf16* a, const bf16* b, const void* a_log,
+                                        int a_log_dt, const void* dt_bias, int dt_bias_dt, SeqPtrs conv_states, const u64* conv_at,
+                                        SeqPtrs rec_states, const u64* rec_at, SeqPtrs conv_firsts, const u64* conv_firsts_at,
+                                        SeqPtrs rec_firsts, const u64* rec_firsts_at, const __grid_constant__ GdnWaves waves, int nwaves,
+                                        int first, int key_heads, int value_heads) {
+    grid_dep_begin();
+    int z = blockIdx.z;
+    ConvArgs conv{x, (bf16*)(conv_at ? conv_at[z] : conv_states.p[z]), w, wdt, conv_firsts_at ? conv_firsts_at[z] : conv_firsts.p[z],
+                  blockIdx.x % (value_heads / key_heads) == 0 && blockIdx.y == 0};
+    float* state = (float*)(rec_at ? rec_at[z] : rec_states.p[z]);
+    u64 at_first = rec_firsts_at ? rec_firsts_at[z] : rec_firsts.p[z];
+    gdn_state_steps<true>(out, nullptr, conv, a, b, a_log, a_log_dt, dt_bias, dt_bias_dt, state, at_first, waves, nwaves, first + z, key_heads,
+                          value_heads);
 }

@@ -201,7 +201,7 @@ kernels! {
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
     "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_t2, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4_t1, gemv_nvfp4_t1s, gemv_nvfp4, gemv_nvfp4_t16],
     "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4_t1, moe_dec_down_nvfp4],
-    "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state],
+    "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state, gdn_dec_step],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],
     "attn_decode.cu" => [attn_dec_append, attn_dec_split_h1, attn_dec_split_h4, attn_dec_mma_d64, attn_dec_mma_d128, attn_dec_mma_d256, attn_dec_combine],

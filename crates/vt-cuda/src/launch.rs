@@ -51,11 +51,18 @@ pub(crate) struct Overlapped<'a> {
     b: &'a CudaBackend,
     f: &'a CudaFunction,
     args: Vec<*mut c_void>,
+    cluster: Option<(u32, u32, u32)>,
 }
 
 impl<'a> Overlapped<'a> {
     pub(crate) fn new(b: &'a CudaBackend, f: &'a CudaFunction) -> Self {
-        Overlapped { b, f, args: Vec::new() }
+        Overlapped { b, f, args: Vec::new(), cluster: None }
+    }
+
+    /// Launches the blocks in thread block clusters of these dimensions (each dividing the grid's).
+    pub(crate) fn cluster(&mut self, dims: (u32, u32, u32)) -> &mut Self {
+        self.cluster = Some(dims);
+        self
     }
 
     /// The next argument, in the order of the kernel's C signature; it must outlive the launch.
@@ -74,11 +81,17 @@ impl<'a> Overlapped<'a> {
     pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig, kernel: &str) -> Result<()> {
         let stream = self.b.stream();
         stream.context().bind_to_thread().map_err(|e| driver_err("bind context", e))?;
-        // SAFETY: all-zero is a valid launch attribute (a union of plain integers); the id and
-        // value set below ask for programmatic stream serialisation.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        // SAFETY: all-zero is a valid launch attribute (a union of plain integers); the ids and
+        // values set below ask for programmatic stream serialisation and, where asked, clusters.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[0].value.programmaticStreamSerializationAllowed = 1;
+        if let Some((x, y, z)) = self.cluster {
+            attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[1].value.clusterDim.x = x;
+            attrs[1].value.clusterDim.y = y;
+            attrs[1].value.clusterDim.z = z;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -88,10 +101,10 @@ impl<'a> Overlapped<'a> {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: 1 + self.cluster.is_some() as u32,
         };
-        // SAFETY: `config` and `attr` live across the call; `args` points at one live value per
+        // SAFETY: `config` and `attrs` live across the call; `args` points at one live value per
         // kernel parameter (the caller's contract), which the driver copies before returning.
         unsafe { sys::cuLaunchKernelEx(&config, self.f.cu_function(), self.args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()

@@ -713,14 +713,14 @@ pub fn gated_delta_step_batched_sequences<G: Backend>(dev: &OnDevice<G>) {
 /// waves must equal its own wave-by-wave `gated_delta_step` calls bit for bit (what makes a
 /// verified position compute exactly what a decode step there computes), outputs and states, and
 /// the states written after the first position (`firsts`, every other sequence) must equal the
-/// states after the first wave's step, bit for bit. Key dim 128 takes CUDA's fused kernels, 32 its
-/// composed ops.
+/// states after the first wave's step, bit for bit. Key dim 128 takes CUDA's fused kernels (one
+/// sequence of 4 positions, a batch-1 verification, their one launch), 32 its composed ops.
 pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
     let mut r = Rng(0x3a7e);
-    let (taps, n) = (4, 67);
-    let waves = [n, 66, 40, 3];
-    let rows: usize = waves.iter().sum();
-    for (kh, vh, dk) in [(1, 2, 128), (2, 2, 32)] {
+    let taps = 4;
+    let shapes = [(&[67, 66, 40, 3][..], (1, 2, 128)), (&[1, 1, 1, 1], (1, 2, 128)), (&[67, 66, 40, 3], (2, 2, 32))];
+    for (waves, (kh, vh, dk)) in shapes {
+        let (n, rows) = (waves[0], waves.iter().sum::<usize>());
         let channels = (2 * kh + vh) * dk;
         let x = r.vec(rows * channels, 2.0);
         let (a, bb) = (r.vec(rows * vh, 2.0), r.vec(rows * vh, 2.0));
@@ -764,10 +764,10 @@ pub fn gated_delta_waves_equal_their_steps<G: Backend>(dev: &OnDevice<G>) {
             let mut firsts: Vec<_> = (at_first.iter_mut().enumerate())
                 .map(|(i, (conv, recurrent))| (i % 2 == 0).then_some(GdnState { conv, recurrent }))
                 .collect();
-            let mut all = out(b, &b.gated_delta_waves(&step, &waves, &mut seqs, &mut firsts).unwrap());
+            let mut all = out(b, &b.gated_delta_waves(&step, waves, &mut seqs, &mut firsts).unwrap());
             let (mut by_wave, mut after_first) = (Vec::new(), Vec::new());
             let mut at = 0;
-            for &w in &waves {
+            for &w in waves {
                 let mut seqs: Vec<_> =
                     apart.iter_mut().take(w).map(|(conv, recurrent)| GdnState { conv, recurrent }).collect();
                 let (qkv, a, beta) = inputs(at, w);

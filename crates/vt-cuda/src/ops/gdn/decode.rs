@@ -2,8 +2,8 @@
 //! several (a verification's waves) each (kernels/gdn_decode.cu): the convolution step over all
 //! q/k/v channels, then the gated delta rule with the f32 state read and written once a call (and,
 //! where asked, written after the sequence's first position too: a verification's rollback
-//! point). Each sequence's states are its own tensors, passed to the kernels as arrays of
-//! addresses. Heads of
+//! point); one launch for both where `one_launch` takes the shapes, two otherwise. Each
+//! sequence's states are its own tensors, passed to the kernels as arrays of addresses. Heads of
 //! key and value dim 128 (every Qwen3.5 size) and at most GDN_WAVES_MAX positions; other shapes
 //! take the composed ops.
 
@@ -13,7 +13,7 @@ use vt_core::{DType, GdnState, GdnStep, Result};
 use crate::device::{CudaBackend, CudaTensor};
 use crate::error::check;
 use crate::launch::{act, i32_of, Overlapped};
-use crate::limits::{CONV_MAX_K, GDN_COLS, GDN_D, GDN_WAVES_MAX, SEQ_MAX};
+use crate::limits::{CONV_MAX_K, GDN_COLS, GDN_D, GDN_FUSED_TAPS, GDN_WAVES_MAX, SEQ_MAX};
 use crate::weight::float_code;
 
 /// Whether the kernels take this step of `waves` (`FusedOps::gated_delta_waves`; checked by the
@@ -44,6 +44,19 @@ pub(crate) fn fits(s: &GdnStep<'_, CudaBackend>, waves: &[usize], states: &[GdnS
         && s.dt_bias.numel() == vh
 }
 
+/// Blocks of a key head in the one-launch step (`gdn_dec_step`): a thread block cluster, at most
+/// the 8 every device that has clusters can schedule.
+const MAX_CLUSTER: usize = 8;
+
+/// Whether a call takes the one launch: one sequence (a batch-1 step or verification: its blocks
+/// each step their key head's q/k conv channels again, which only pays where the launch it saves
+/// is most of the time: docs/performance.md), GDN_FUSED_TAPS taps (every Qwen3.5 size), and a key
+/// head's blocks (value heads per key head x GDN_D / GDN_COLS) a portable cluster. Otherwise
+/// `gdn_dec_conv` then `gdn_dec_state`.
+fn one_launch(seqs: usize, key_heads: usize, value_heads: usize, taps: usize) -> bool {
+    seqs == 1 && taps == GDN_FUSED_TAPS && value_heads / key_heads * (GDN_D / GDN_COLS) <= MAX_CLUSTER
+}
+
 /// The fused steps, for waves that `fits` took (rows wave after wave, as `gated_delta_waves`).
 pub(crate) fn waves(
     b: &CudaBackend,
@@ -63,9 +76,11 @@ pub(crate) fn waves(
     let (pw, wdt) = (s.conv.buffer().ptr(), float_code(s.conv, op)?);
     let (pal, al_dt, pdt, dt_dt) =
         (s.a_log.buffer().ptr(), float_code(s.a_log, op)?, s.dt_bias.buffer().ptr(), float_code(s.dt_bias, op)?);
-    let conv_out = b.buffer(rows * channels * 4)?;
+    let fused = one_launch(n, kh, vh, taps);
+    // gdn_dec_conv's f32 output, which gdn_dec_state reads (the one launch keeps it in its blocks).
+    let conv_out = if fused { None } else { Some(b.buffer(rows * channels * 4)?) };
     let out = b.empty(DType::BF16, &[rows, vh, GDN_D])?;
-    let (pc, po) = (conv_out.ptr(), out.buffer().ptr());
+    let (pc, po) = (conv_out.as_ref().map_or(0, |c| c.ptr()), out.buffer().ptr());
     let (ci, ki, khi, vhi) = (i32_of(channels, "channels")?, taps as i32, kh as i32, i32_of(vh, "value heads")?);
     // The kernels' `GdnWaves`: each wave's sequences (their rows follow one another).
     let mut sizes = [0i32; GDN_WAVES_MAX];
@@ -88,6 +103,28 @@ pub(crate) fn waves(
         let at = |k: usize| states_at.map_or(0, |at| at + 8 * (k * n + first) as u64);
         let (conv_at, rec_at, conv_firsts_at, rec_firsts_at) = (at(0), at(1), at(2), at(3));
         let first = first as i32;
+
+        let state_grid = (vh as u32, (GDN_D / GDN_COLS) as u32, seqs);
+        if fused {
+            let mut l = Overlapped::new(b, &b.k().gdn_dec_step);
+            l.arg(&po).arg(&px).arg(&pw).arg(&wdt).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt);
+            l.arg(&conv_states).arg(&conv_at).arg(&rec_states).arg(&rec_at);
+            l.arg(&conv_firsts).arg(&conv_firsts_at).arg(&rec_firsts).arg(&rec_firsts_at);
+            l.arg(&sizes).arg(&nwaves).arg(&first).arg(&khi).arg(&vhi);
+            l.cluster(((vh / kh) as u32, (GDN_D / GDN_COLS) as u32, 1));
+            let cfg = LaunchConfig { grid_dim: state_grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: gdn_dec_step(bf16* out, const bf16* x, const void* w, int wdt, const bf16* a,
+            // const bf16* b, const void* a_log, int, const void* dt_bias, int, SeqPtrs
+            // conv_states, const u64* conv_at, SeqPtrs rec_states, const u64* rec_at, SeqPtrs
+            // conv_firsts, const u64* conv_firsts_at, SeqPtrs rec_firsts, const u64* rec_firsts_at,
+            // GdnWaves waves, int nwaves, int first, int key_heads, int value_heads): as
+            // gdn_dec_conv's and gdn_dec_state's below, taken together (the conv output never
+            // leaves the block), with w [c, GDN_FUSED_TAPS] and each conv state [c,
+            // GDN_FUSED_TAPS - 1] (one_launch); clusters of (vh / kh, GDN_D / GDN_COLS, 1) blocks,
+            // at most MAX_CLUSTER, are one key head's blocks (vh % kh == 0, checked above).
+            unsafe { l.launch(cfg, "gdn_dec_step")? };
+            continue;
+        }
 
         let mut l = Overlapped::new(b, &b.k().gdn_dec_conv);
         l.arg(&pc).arg(&px).arg(&pw).arg(&wdt).arg(&conv_states).arg(&conv_at).arg(&conv_firsts).arg(&conv_firsts_at);
@@ -113,11 +150,7 @@ pub(crate) fn waves(
         l.arg(&po).arg(&pc).arg(&pa).arg(&pb).arg(&pal).arg(&al_dt).arg(&pdt).arg(&dt_dt);
         l.arg(&rec_states).arg(&rec_at).arg(&rec_firsts).arg(&rec_firsts_at);
         l.arg(&sizes).arg(&nwaves).arg(&first).arg(&khi).arg(&vhi);
-        let cfg = LaunchConfig {
-            grid_dim: (vh as u32, (GDN_D / GDN_COLS) as u32, seqs),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: state_grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: gdn_dec_state(bf16* out, const float* qkv, const bf16* a, const bf16* b, const
         // void* a_log, int, const void* dt_bias, int, SeqPtrs states, const u64* states_at,
         // SeqPtrs firsts, const u64* firsts_at, GdnWaves waves, int nwaves, int first, int
@@ -154,4 +187,21 @@ pub(crate) fn addresses(
 #[cfg(test)]
 pub(crate) fn mirrors() -> Vec<String> {
     vec![crate::kernels::c_equal("sizeof(GdnWaves)", std::mem::size_of::<[i32; GDN_WAVES_MAX]>())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_launch;
+
+    /// One sequence of Qwen3.5-35B-A3B's heads (16 key, 32 value: clusters of 8) takes the one
+    /// launch; two sequences, 397B's 64 value heads (clusters of 16) or other taps take two.
+    #[test]
+    fn one_sequence_of_portable_clusters_takes_one_launch() {
+        assert!(one_launch(1, 16, 32, 4));
+        assert!(one_launch(1, 2, 2, 4));
+        assert!(!one_launch(2, 16, 32, 4));
+        assert!(!one_launch(1, 16, 64, 4));
+        assert!(!one_launch(1, 1, 3, 4));
+        assert!(!one_launch(1, 16, 32, 3));
+    }
 }
