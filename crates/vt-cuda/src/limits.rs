@@ -66,8 +66,9 @@ shared! {
     /// Most positions a sequence steps in one call of the decode gated delta rule (the length of
     /// its by-value `GdnWaves`): a verification of up to GDN_WAVES_MAX - 1 drafts.
     GDN_WAVES_MAX: usize = 32;
-    /// Most conv taps of the one-launch decode step (gdn_dec_step: each thread keeps its channels'
-    /// windows in registers); more take gdn_dec_conv then gdn_dec_state.
+    /// The conv taps of the one-launch decode step (gdn_dec_step: each thread keeps its channels'
+    /// windows in registers, every index a constant); other counts take gdn_dec_conv then
+    /// gdn_dec_state.
     GDN_FUSED_TAPS: usize = 4;
     /// The grouped MoE prefill GEMMs (moe_prefill.cu): slots and weight rows per tile, inputs per
     /// pipeline stage, stages, threads.
