@@ -138,8 +138,8 @@ impl Gemm {
 
 impl Drop for Gemm {
     fn drop(&mut self) {
-        // SAFETY: the handle was created in `new` and is destroyed once.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
+        // SAFETY: the handle was created in `new`, is given up once and not used after.
+        unsafe { crate::open_captures::destroy_handle(self.handle) };
     }
 }
 

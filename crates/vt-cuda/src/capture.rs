@@ -4,13 +4,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use vt_core::{KvLayout, KvSeq, Result};
 
 use crate::alloc::{Allocator, CudaBuffer};
 use crate::error::{driver_err, err};
 use crate::kv::KvStore;
 use crate::limits::KV_BLOCK;
+use crate::open_captures::CaptureOpen;
 
 /// Positions past the ones recorded that its replays may reach: the block tables the step reads
 /// have room for them, and its attention grids cover them.
@@ -77,6 +78,8 @@ pub(crate) struct Recording {
     /// Set by the recorded embedding: ids a replay may pass are below it.
     pub(crate) vocab: Mutex<Option<usize>>,
     pub(crate) calls: Mutex<RecordedCalls>,
+    /// Held from before the capture begins until it ends (`end`, or drop).
+    open: Mutex<Option<CaptureOpen>>,
 }
 
 impl Recording {
@@ -90,6 +93,7 @@ impl Recording {
         let inputs = CudaBuffer::new(parent, 8 * positions.len())?;
         let stream =
             parent.raw().stream().context().new_stream().map_err(|e| driver_err("creating a capture stream", e))?;
+        let open = CaptureOpen::new();
         // Relaxed: the arena may take a chunk from the parent while the capture is open.
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -101,7 +105,16 @@ impl Recording {
             positions: positions.to_vec(),
             vocab: Mutex::new(None),
             calls: Mutex::new(RecordedCalls::default()),
+            open: Mutex::new(Some(open)),
         })
+    }
+
+    /// Ends the capture: the graph of what was recorded, `None` where nothing was.
+    pub(crate) fn end(&self) -> Result<Option<CudaGraph>> {
+        let graph =
+            self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(|e| driver_err("ending a capture", e));
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).take();
+        graph
     }
 
     /// The capture stream.
@@ -213,10 +226,14 @@ impl Recording {
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        // A recording abandoned half way (an op failed) still holds its capture open.
-        if let Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE) = self.stream.capture_status() {
-            // SAFETY: the stream is capturing (checked); ending the capture hands back its graph,
-            // which nothing else holds and which is destroyed at once.
+        // A recording abandoned half way (an op failed) still holds its capture open; an
+        // invalidated capture must be ended too before its stream is used or destroyed.
+        use sys::CUstreamCaptureStatus::{CU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM_CAPTURE_STATUS_INVALIDATED};
+        if let Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE | CU_STREAM_CAPTURE_STATUS_INVALIDATED) = self.stream.capture_status()
+        {
+            // SAFETY: the stream is capturing (checked); ending the capture hands back its graph
+            // (none where it was invalidated), which nothing else holds and which is destroyed at
+            // once.
             if let Ok(graph) = unsafe { result::stream::end_capture(self.stream.cu_stream()) } {
                 if !graph.is_null() {
                     // SAFETY: `graph` came from the capture just ended and is destroyed once.

@@ -8,7 +8,7 @@
 //! with it, cudarc loads libcuda, libnvrtc and libcublasLt at run time.
 //!
 //! From the ground up: `error.rs`, `limits.rs` (the numbers shared with the kernels), `alloc.rs`,
-//! `kernels.rs` (NVRTC), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
+//! `kernels.rs` (NVRTC), `open_captures.rs` (when cuBLASLt handles may be destroyed), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
 //! (launch helpers); `nccl.rs` (the NCCL communicator of tensor-parallel ranks); `kv.rs` (the KV block pool), `capture.rs` and `record.rs` (recorded decode steps);
 //! `ops/` (each op family's launch code); `backend.rs` (the Backend trait's layers, handing each
 //! method to its family).
@@ -37,6 +37,8 @@ mod limits;
 mod nccl;
 #[cfg(feature = "cuda")]
 mod nvfp4;
+#[cfg(feature = "cuda")]
+mod open_captures;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]

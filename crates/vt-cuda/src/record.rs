@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+use cudarc::driver::{result, CudaGraph, CudaStream};
 use vt_core::backend::check as args;
 use vt_core::backend::prelude::*;
 use vt_core::{KvSeq, ReplayInputs, Result, RELEASED};
@@ -76,11 +76,7 @@ pub(crate) fn finish(parent: &CudaBackend, recorder: CudaBackend) -> Result<Cuda
     if recorder.instance_id() != parent.instance_id() {
         return Err(err("finish_recording: the recorder belongs to another backend"));
     }
-    let graph = rec
-        .stream()
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(|e| driver_err("ending a capture", e))?
-        .ok_or_else(|| err("finish_recording: nothing was recorded"))?;
+    let graph = rec.end()?.ok_or_else(|| err("finish_recording: nothing was recorded"))?;
     Ok(CudaStepGraph {
         graph,
         main: parent.stream().clone(),

@@ -372,25 +372,42 @@ fn recorders_and_replays_refuse_what_they_cannot_do() {
     assert!(other.replay(&mut g, &mut other_pool, &step(&[1], &[5], vec![])).is_err(), "another backend's recording");
 }
 
-/// A backend opened while another records a step (its capture open) opens and computes, and the
-/// recording still finishes and replays: opening a device must not synchronise the device's whole
-/// context, which an open capture forbids (an embedding process's other engine may be recording
-/// at any time).
-#[test]
-fn a_backend_opens_while_another_records() {
+/// Records an embedding step on a backend of its own while `during` runs (the capture open), then
+/// finishes and replays it; what `during` returns lives until then. An embedding process's other
+/// engines may open, run or drop at any time: none of it may invalidate the capture.
+fn record_around<T>(during: impl FnOnce() -> T) {
     let b = CudaBackend::new().unwrap();
     let rows: Vec<f32> = (0..24).map(|v| v as f32).collect();
     let table = b.from_f32(&[3, 8], &rows).unwrap();
     let rec = b.recorder(&[0]).unwrap().unwrap();
     let x = rec.embedding(&table, &[2]).unwrap();
-    let other = CudaBackend::new().expect("a backend opened while another's capture is open");
-    let y = other.from_f32(&[2], &[1.0, 2.0]).unwrap();
-    assert_eq!(other.to_f32(&y).unwrap(), [1.0, 2.0]);
-    let mut g = b.finish_recording(rec).unwrap();
+    let _kept = during();
+    let mut g = b.finish_recording(rec).expect("a capture that outlived what ran beside it");
     let mut pool = b.new_kv_pool(&[KvLayout { kv_heads: 1, head_dim: 8, blocks: 2 }]).unwrap();
     let step = ReplayInputs { ids: &[1], positions: &[0], attention: vec![], delta_net: Vec::new() };
     assert!(b.replay(&mut g, &mut pool, &step).unwrap());
     assert_eq!(b.to_f32(&x).unwrap(), rows[8..16], "the replayed id's row");
+}
+
+/// A backend opened while another records a step opens and computes: opening a device must not
+/// synchronise the device's whole context, which invalidates an open capture.
+#[test]
+fn a_backend_opens_while_another_records() {
+    record_around(|| {
+        let other = CudaBackend::new().expect("a backend opened while another's capture is open");
+        let y = other.from_f32(&[2], &[1.0, 2.0]).unwrap();
+        assert_eq!(other.to_f32(&y).unwrap(), [1.0, 2.0]);
+        other
+    });
+}
+
+/// A backend dropped in another thread while a step is recorded: destroying its cuBLASLt handle
+/// synchronises the device, so the handle waits for the capture to end (open_captures.rs).
+#[test]
+fn a_backend_drops_while_another_records() {
+    let other = CudaBackend::new().unwrap();
+    let y = other.from_f32(&[2], &[1.0, 2.0]).unwrap();
+    record_around(move || std::thread::spawn(move || drop((y, other))).join().expect("the drop"));
 }
 
 /// Steps of several sequences replay the pool's recording for their bucket of `BATCH_ROWS` (the
