@@ -21,6 +21,10 @@ typedef unsigned long long u64;
 // passed by value: device addresses of each sequence's state.
 struct SeqPtrs { u64 p[SEQ_MAX]; };
 
+// Sequence z's address: from `at` where it is not null (device memory a recorded step's replays
+// fill), else the launch's own.
+__device__ __forceinline__ u64 seq_ptr(const SeqPtrs& ptrs, const u64* at, int z) { return at ? at[z] : ptrs.p[z]; }
+
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
 
 // Round to nearest even, NaN stays NaN.

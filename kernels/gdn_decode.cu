@@ -30,8 +30,8 @@ extern "C" __global__ void gdn_dec_conv(float* out, const bf16* x, const void* w
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
     int seq = first + blockIdx.y;
-    bf16* st = (bf16*)(states_at ? states_at[blockIdx.y] : states.p[blockIdx.y]) + (long long)ch * (k - 1);
-    u64 at_first = firsts_at ? firsts_at[blockIdx.y] : firsts.p[blockIdx.y];
+    bf16* st = (bf16*)seq_ptr(states, states_at, blockIdx.y) + (long long)ch * (k - 1);
+    u64 at_first = seq_ptr(firsts, firsts_at, blockIdx.y);
     long long row = seq;
     for (int j = 0; j < nwaves && waves.seqs[j] > seq; row += waves.seqs[j], j++) {
         float acc = 0.0f;
@@ -222,8 +222,8 @@ extern "C" __global__ void gdn_dec_state(bf16* out, const float* qkv, const bf16
                                          SeqPtrs firsts, const u64* firsts_at, const __grid_constant__ GdnWaves waves,
                                          int nwaves, int first, int key_heads, int value_heads) {
     grid_dep_begin();
-    float* state = (float*)(states_at ? states_at[blockIdx.z] : states.p[blockIdx.z]);
-    u64 at_first = firsts_at ? firsts_at[blockIdx.z] : firsts.p[blockIdx.z];
+    float* state = (float*)seq_ptr(states, states_at, blockIdx.z);
+    u64 at_first = seq_ptr(firsts, firsts_at, blockIdx.z);
     gdn_state_steps<false>(out, qkv, ConvArgs{}, a, b, a_log, a_log_dt, dt_bias, dt_bias_dt, state, at_first, waves, nwaves, first + blockIdx.z,
                            key_heads, value_heads);
 }
@@ -241,10 +241,10 @@ extern "C" __global__ void gdn_dec_step(bf16* out, const bf16* x, const void* w,
                                         int first, int key_heads, int value_heads) {
     grid_dep_begin();
     int z = blockIdx.z;
-    ConvArgs conv{x, (bf16*)(conv_at ? conv_at[z] : conv_states.p[z]), w, wdt, conv_firsts_at ? conv_firsts_at[z] : conv_firsts.p[z],
+    ConvArgs conv{x, (bf16*)seq_ptr(conv_states, conv_at, z), w, wdt, seq_ptr(conv_firsts, conv_firsts_at, z),
                   blockIdx.x % (value_heads / key_heads) == 0 && blockIdx.y == 0};
-    float* state = (float*)(rec_at ? rec_at[z] : rec_states.p[z]);
-    u64 at_first = rec_firsts_at ? rec_firsts_at[z] : rec_firsts.p[z];
+    float* state = (float*)seq_ptr(rec_states, rec_at, z);
+    u64 at_first = seq_ptr(rec_firsts, rec_firsts_at, z);
     gdn_state_steps<true>(out, nullptr, conv, a, b, a_log, a_log_dt, dt_bias, dt_bias_dt, state, at_first, waves, nwaves, first + z, key_heads,
                           value_heads);
 }

@@ -3,8 +3,9 @@
 
 A step is the span from one `cuGraphLaunch` to the next. For each step: its wall time, how long
 the first kernel started after the host's launch call, how long the GPU sat idle after the step's
-last kernel (the host reading the picks back and preparing the next step), and the kernels' busy
-time. For the median step, each kernel in start order with its own span and its increment: how far
+last kernel, and how much of that idle time passed before the host called the next launch (the
+picks read back and the next step prepared: what launching the next step ahead of the readback
+could hide; the launch call itself is slower under CUPTI), and the kernels' busy time. For the median step, each kernel in start order with its own span and its increment: how far
 it moved the step's end (its end less the latest end before it), which is what removing or
 shortening it could save on a chain of dependent launches. Then the increments summed by kernel.
 
@@ -79,12 +80,13 @@ def main():
         first, last = ks[0][0], max(k[1] for k in ks)
         nxt = all_steps[i + 1][2][0][0] if i + 1 < len(all_steps) else None
         idle = (nxt - last) if nxt is not None else None
-        rows.append((wall, first - a[0], last - first, busy(ks), idle, len(ks), i))
+        rows.append((wall, first - a[0], last - first, busy(ks), idle, len(ks), i, b[0] - last))
     us = lambda ns: ns / 1e3
     walls = [r[0] for r in rows]
     print(f"{len(rows)} steps; wall median {us(statistics.median(walls)):.1f} µs")
     for label, col in (("launch call -> first kernel", 1), ("first kernel -> last end (GPU span)", 2),
-                       ("kernels busy (union)", 3), ("GPU idle after the step", 4)):
+                       ("kernels busy (union)", 3), ("GPU idle after the step", 4),
+                       ("last kernel end -> next launch call", 7)):
         vals = [r[col] for r in rows if r[col] is not None]
         print(f"  {label:<38} median {us(statistics.median(vals)):8.1f} µs  min {us(min(vals)):8.1f}  max {us(max(vals)):8.1f}")
     med = sorted(rows, key=lambda r: r[0])[len(rows) // 2]

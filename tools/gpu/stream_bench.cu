@@ -6,7 +6,10 @@
 // steps):
 // - a ring of bulk copies (cp.async.bulk on mbarriers, 4 stages of 32 KB, one block per SM);
 // - a ring of every thread's cp.async (4 stages of 32 KB, one block per SM);
-// - register loads as vt's MoE gate/up kernel issues them (8 KB per warp, 4 rounds of 4 loads).
+// - register loads as vt's MoE gate/up kernel issues them (8 KB per warp, 4 rounds of 4 loads);
+// - the 9 slots' down rows as vt's down kernel reads them at one token (a warp per output row, its
+//   1 KB of each slot's [2048, 512] matrix), the experts drawn at random from a layer's 256 (a
+//   12-layer, 6.4 GB buffer), beside the same bytes read contiguously.
 // Run on the GPU machine (nvcc is there):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/stream_bench tools/gpu/stream_bench.cu && /tmp/stream_bench
 #include <cuda_runtime.h>
@@ -114,6 +117,25 @@ __global__ void register_rows(const char* src, long long total, unsigned* sink) 
     if (acc == 0x12345678u) *sink = acc;
 }
 
+// Output row w (a warp) of 9 down matrices [2048, 512] bf16, experts[0..9) of 256 in `layer`: each
+// row's 1 KB of every matrix, 18 loads a lane in flight.
+const int EXPERTS = 256, SLOTS = 9;
+const long long DOWN = 2048LL * 512 * 2;
+__global__ void expert_rows(const char* layer, const int* experts, unsigned* sink) {
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    uint4 v[2 * SLOTS];
+#pragma unroll
+    for (int k = 0; k < SLOTS; k++) {
+        const uint4* row = (const uint4*)(layer + experts[k] * DOWN + w * 1024LL);
+        v[2 * k] = ld_stream(row + lane);
+        v[2 * k + 1] = ld_stream(row + 32 + lane);
+    }
+    unsigned acc = 0;
+#pragma unroll
+    for (int k = 0; k < 2 * SLOTS; k++) acc += v[k].x ^ v[k].w;
+    if (acc == 0x12345678u) *sink = acc;
+}
+
 int main() {
     // Qwen3.5-35B-A3B at one token: router [256, 2048] + shared-expert gate [1, 2048] bf16, and
     // 8 + 1 experts of gate/up [512, 2048] and down [2048, 512], bf16 or NVFP4 (0.5 + 1/16 bytes).
@@ -163,5 +185,18 @@ int main() {
         int blocks = (int)(bytes / 8192 / 4);
         time("register loads, a warp per 8 KB", bytes, [&](const char* s, long long n) { register_rows<<<blocks, 128, 0, st>>>(s, n, sink); });
     }
+    // The down rows: random experts against the same bytes in one run.
+    char* layers;
+    int* experts;
+    if (cudaMalloc(&layers, bufs * EXPERTS * DOWN) != cudaSuccess || cudaMalloc(&experts, SLOTS * sizeof(int)) != cudaSuccess) return 1;
+    cudaMemset(layers, 1, bufs * EXPERTS * DOWN);
+    int picked[SLOTS] = {201, 7, 133, 58, 250, 19, 96, 171, 240};
+    cudaMemcpy(experts, picked, sizeof picked, cudaMemcpyHostToDevice);
+    long long rows = SLOTS * DOWN;
+    time("down rows, 9 random experts of 256", rows, [&](const char*, long long) {
+        static int layer = 0;
+        expert_rows<<<2048 / 16, 512, 0, st>>>(layers + (layer++ % bufs) * EXPERTS * DOWN, experts, sink);
+    });
+    time("register loads, the same bytes", rows, [&](const char* s, long long n) { register_rows<<<(int)(n / 8192 / 4), 128, 0, st>>>(s, n, sink); });
     return 0;
 }
