@@ -73,12 +73,12 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
 
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
 // expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
-// (t * slots, ceil(inter / 4)), 128 threads: warp j takes the gate and the up row of unit
-// 4 * blockIdx.y + j. Every block triggers the down kernel only after its wait, so that the down
+// (t * slots, ceil(inter / MOE_DEC_GU_WARPS)) of MOE_DEC_GU_WARPS warps: warp j takes the gate and
+// the up row of unit MOE_DEC_GU_WARPS * blockIdx.y + j. Every block triggers the down kernel only after its wait, so that the down
 // kernel may read the routing before its own wait (common.cuh: grid_dep_wait_then_trigger).
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh, int slots,
                                 int inter) {
-    int tok = blockIdx.x / slots, u = blockIdx.y * 4 + (threadIdx.x >> 5);
+    int tok = blockIdx.x / slots, u = blockIdx.y * MOE_DEC_GU_WARPS + (threadIdx.x >> 5);
     // The shared expert's blocks (its slot is the last) know their rows without the routing: their
     // first round of weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
@@ -91,7 +91,8 @@ __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, 
     if ((threadIdx.x & 31) == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
 }
 
-// The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks per SM): each
+// The bf16 down kernel runs one resident wave (a grid of MOE_DEC_WAVE_BF16 blocks of
+// MOE_DEC_THREADS per SM; its one-token instance MOE_DEC_T1_WAVE_BF16 of MOE_DEC_T1_THREADS): each
 // block takes an equal share of the output rows, a token at a time, and its warps stream them, 9
 // chunks a lane in flight (61 registers a thread), so an SM's 32 warps interleave their items'
 // loads and arithmetic (at Qwen3.5's shapes a row of 8 + 1 slots of 512 is 18 chunks per lane:
@@ -195,11 +196,17 @@ extern "C" __global__ void moe_dec_gate_up_bf16(float* act, const int* slot_ids,
                                                 int inter) {
     moe_dec_gate_up(act, slot_ids, x, table, sh, slots, inter);
 }
-// One resident wave of down blocks (see moe_dec_down). One token takes the kernel of several as
-// fast as one of its own with a round of 18 chunks and 2 blocks a SM (docs/performance.md).
+// One resident wave of down blocks (see moe_dec_down), for several tokens.
 extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
     moe_dec_down_bf16(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots,
                       int hidden, int inter) {
+    moe_dec_down(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
+}
+// The same for one token, in half as many blocks of twice the warps: a batch-1 decode step 2.5%
+// faster (docs/performance.md).
+extern "C" __global__ void __launch_bounds__(MOE_DEC_T1_THREADS, MOE_DEC_T1_WAVE_BF16)
+    moe_dec_down_bf16_t1(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t,
+                         int slots, int hidden, int inter) {
     moe_dec_down(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
 

@@ -7,11 +7,12 @@
 //!
 //! cargo build --release -p vt-cuda --features cuda --example decode_bench
 //! decode_bench [peers.txt]   (`VT_BENCH_CASES`: a comma-separated subset of
-//! `gemv,argmax,gdn,attention,moe,nv4`, default all but nv4)
+//! `gemv,argmax,gdn,attention,moe,nv4,bf16moe`, default all but the sweeps nv4 and bf16moe)
 //!
-//! `nv4` sweeps the NVFP4 decode kernels' launch shapes (limits.rs's GEMV_NV4_* and MOE_NV4_*,
-//! each variant's kernels compiled into a backend of their own on the same device and memory):
-//! µs and the weights' bytes per second of each variant beside limits.rs's values.
+//! `nv4` sweeps the NVFP4 decode kernels' launch shapes (limits.rs's GEMV_NV4_* and MOE_NV4_*),
+//! `bf16moe` the bf16 MoE kernels' (MOE_DEC_GU_WARPS, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16,
+//! MOE_DEC_T1_*), each variant's kernels compiled into a backend of their own on the same device
+//! and memory: µs and the weights' bytes per second of each variant beside limits.rs's values.
 
 use std::collections::HashMap;
 
@@ -282,6 +283,19 @@ const NV4_MOE_VARIANTS: &[&[(&str, i64)]] = &[
     &[("MOE_NV4_DOWN1_WARPS", 16), ("MOE_NV4_DOWN1_U", 3)],
 ];
 
+/// Launch shapes of the bf16 MoE kernels: the gate/up kernel's warps a block, the down kernels'
+/// threads a block and blocks a SM (one resident wave), the one-token instance's (MOE_DEC_T1_*)
+/// and the rest's.
+const BF16_MOE_VARIANTS: &[&[(&str, i64)]] = &[
+    &[],
+    &[("MOE_DEC_GU_WARPS", 8)],
+    &[("MOE_DEC_GU_WARPS", 16)],
+    &[("MOE_DEC_GU_WARPS", 2)],
+    &[("MOE_DEC_GU_WARPS", 8), ("MOE_DEC_THREADS", 512), ("MOE_DEC_WAVE_BF16", 2)],
+    &[("MOE_DEC_T1_THREADS", 256), ("MOE_DEC_T1_WAVE_BF16", 4)],
+    &[("MOE_DEC_T1_THREADS", 1024), ("MOE_DEC_T1_WAVE_BF16", 1)],
+];
+
 /// Each variant's backend, named by its numbers.
 fn variants(b: &B, list: &[&[(&str, i64)]]) -> Result<Vec<(String, B)>> {
     list.iter()
@@ -323,8 +337,15 @@ fn nv4(b: &B, r: &Report) -> Result<()> {
         }
     }
     drop(gemv_variants);
-    let moe_variants = variants(b, NV4_MOE_VARIANTS)?;
-    let layers = (0..8).map(|l| MoeLayer::new(b, true, l + 1)).collect::<Result<Vec<_>>>()?;
+    moe_sweep(b, r, true, NV4_MOE_VARIANTS)
+}
+
+/// The fused MoE layer at Qwen3.5-35B-A3B's shapes, NVFP4 (`fp4`) or bf16, under each launch
+/// shape of `list`.
+fn moe_sweep(b: &B, r: &Report, fp4: bool, list: &[&[(&str, i64)]]) -> Result<()> {
+    let moe_variants = variants(b, list)?;
+    let layers = (0..8).map(|l| MoeLayer::new(b, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
+    let fmt = if fp4 { "nvfp4" } else { "bf16" };
     for t in [1usize, 4, 16] {
         let xs = (0..layers.len() as u64)
             .map(|l| b.random(DType::BF16, &[t, H], 77 + l, 1.0))
@@ -339,7 +360,7 @@ fn nv4(b: &B, r: &Report) -> Result<()> {
                 run(i)?;
             }
             let time = vb.time_queued(200, 30.0, run)?;
-            nv4_row(r, &format!("moe layer t={t}"), name, time.device_us, moe_bytes(t, true));
+            nv4_row(r, &format!("moe layer {fmt} t={t}"), name, time.device_us, moe_bytes(t, fp4));
         }
     }
     Ok(())
@@ -461,6 +482,9 @@ fn main() -> Result<()> {
     // A sweep, only when named (tools/gpu/bench_decode.sh runs the rest in its time limit).
     if std::env::var("VT_BENCH_CASES").is_ok() && wanted("nv4") {
         nv4(&b, &r)?;
+    }
+    if std::env::var("VT_BENCH_CASES").is_ok() && wanted("bf16moe") {
+        moe_sweep(&b, &r, false, BF16_MOE_VARIANTS)?;
     }
     Ok(())
 }

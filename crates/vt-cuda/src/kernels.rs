@@ -92,9 +92,10 @@ fn to_compile(sources: &[(&str, &str)], defines: &[(&str, i64)]) -> Vec<bool> {
         .collect()
 }
 
-/// The launch shapes limits.rs states for the NVFP4 decode kernels, as a kernel set was compiled
-/// with them (a bench's variant may change them: `CudaBackend::with_kernel_defines`).
-pub struct Nv4Shape {
+/// The launch shapes limits.rs states for the decode kernels whose launch code needs them, as a
+/// kernel set was compiled with them (a bench's variant may change them:
+/// `CudaBackend::with_kernel_defines`).
+pub struct LaunchShapes {
     /// k tiles a GEMV warp has in flight, and most warps of a GEMV block.
     pub gemv_tiles: usize,
     pub gemv_max_warps: usize,
@@ -102,19 +103,32 @@ pub struct Nv4Shape {
     pub moe_warps: usize,
     pub moe_down_warps: usize,
     pub moe_down1_warps: usize,
+    /// The bf16 MoE down kernel's threads a block and blocks a SM (its one resident wave), and
+    /// its one-token instance's.
+    pub moe_bf16_down_threads: usize,
+    pub moe_bf16_down_wave: usize,
+    pub moe_bf16_down1_threads: usize,
+    pub moe_bf16_down1_wave: usize,
+    /// Warps of a bf16 MoE gate/up block.
+    pub moe_bf16_gate_up_warps: usize,
     /// Tokens from which a dense linear runs through a bf16 copy of its weight and cuBLASLt.
     pub dequant_from_t: usize,
 }
 
-impl Nv4Shape {
+impl LaunchShapes {
     fn of(numbers: &[(&str, i64)]) -> Self {
         let n = |name| numbers.iter().find(|d| d.0 == name).map_or(1, |d| d.1.max(1) as usize);
-        Nv4Shape {
+        LaunchShapes {
             gemv_tiles: n("GEMV_NV4_TILES"),
             gemv_max_warps: n("GEMV_NV4_MAX_WARPS"),
             moe_warps: n("MOE_NV4_WARPS"),
             moe_down_warps: n("MOE_NV4_DOWN_WARPS"),
             moe_down1_warps: n("MOE_NV4_DOWN1_WARPS"),
+            moe_bf16_down_threads: n("MOE_DEC_THREADS"),
+            moe_bf16_down_wave: n("MOE_DEC_WAVE_BF16"),
+            moe_bf16_down1_threads: n("MOE_DEC_T1_THREADS"),
+            moe_bf16_down1_wave: n("MOE_DEC_T1_WAVE_BF16"),
+            moe_bf16_gate_up_warps: n("MOE_DEC_GU_WARPS"),
             dequant_from_t: n("NV4_DEQUANT_FROM_T"),
         }
     }
@@ -139,8 +153,8 @@ macro_rules! kernels {
             pub sm_count: usize,
             /// Shared memory a block may opt in to (bytes): kernels that need more are not taken.
             pub max_shared: usize,
-            /// The NVFP4 decode kernels' launch shapes these were compiled for.
-            pub nv4: Nv4Shape,
+            /// The decode kernels' launch shapes these were compiled for.
+            pub shapes: LaunchShapes,
             /// Limits.rs's numbers as these kernels were compiled with them.
             numbers: Vec<(&'static str, i64)>,
         }
@@ -183,7 +197,7 @@ macro_rules! kernels {
                 let max_shared = ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
                     .map_err(|e| driver_err("shared memory per block", e))? as usize;
-                Ok(Kernels { $($($name,)*)* sm_count, max_shared, nv4: Nv4Shape::of(&numbers), numbers })
+                Ok(Kernels { $($($name,)*)* sm_count, max_shared, shapes: LaunchShapes::of(&numbers), numbers })
             }
         }
     };
@@ -200,7 +214,7 @@ kernels! {
     "gdn.cu" => [causal_conv1d, gdn_recurrent],
     "moe.cu" => [moe_route, moe_gate_up, moe_down, moe_combine],
     "gemv.cu" => [gemv_bf16, gemv_bf16_t1, gemv_bf16_t2, gemv_bf16_mma1, gemv_bf16_mma2, gemv_bf16_mma1_t16, gemv_bf16_mma2_t16, gemv_nvfp4_t1, gemv_nvfp4_t1s, gemv_nvfp4, gemv_nvfp4_t16],
-    "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_nvfp4_t1, moe_dec_down_nvfp4],
+    "moe_decode.cu" => [moe_dec_route, moe_dec_gate_up_bf16, moe_dec_gate_up_nvfp4, moe_dec_down_bf16, moe_dec_down_bf16_t1, moe_dec_down_nvfp4_t1, moe_dec_down_nvfp4],
     "gdn_decode.cu" => [gdn_dec_conv, gdn_dec_state, gdn_dec_step],
     "random.cu" => [fill_random],
     "timing.cu" => [spin],

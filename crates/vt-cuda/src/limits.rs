@@ -47,10 +47,15 @@ shared! {
     GEMV_ROWS: usize = 2;
     GEMV_MMA_WARPS: usize = 8;
     /// Most tokens of the fused MoE decode block (past GEMV_MAX_T its logits take the tensor-core
-    /// GEMV), the down kernels' threads, and the bf16 down kernel's resident blocks per SM.
+    /// GEMV), the bf16 down kernel's threads and resident blocks per SM, and the same for its
+    /// one-token instance.
     MOE_DEC_MAX_T: usize = 16;
     MOE_DEC_THREADS: usize = 256;
     MOE_DEC_WAVE_BF16: usize = 4;
+    MOE_DEC_T1_THREADS: usize = 512;
+    MOE_DEC_T1_WAVE_BF16: usize = 2;
+    /// Warps of a bf16 MoE gate/up block (a unit each).
+    MOE_DEC_GU_WARPS: usize = 4;
     /// Largest head dimension of the decode attention kernels, and threads of their combine.
     ATT_DEC_MAX_D: usize = 256;
     ATT_DEC_COMBINE_THREADS: usize = 1024;

@@ -38,7 +38,7 @@ pub(crate) fn linear(b: &CudaBackend, x: u64, t: usize, w: &Linear<CudaBackend>,
         return Err(err(format!("linear: the W4A16 kernel does not take {t} tokens of this weight")));
     }
     // cuBLASLt's bf16 kernels want 16-byte aligned rows.
-    if t >= b.k().nv4.dequant_from_t && w.weight.dims().0.is_multiple_of(8) {
+    if t >= b.k().shapes.dequant_from_t && w.weight.dims().0.is_multiple_of(8) {
         return dequantized(b, x, t, w, y);
     }
     let n = w.weight.dims().0;

@@ -126,11 +126,11 @@ fn kernel_for<'a>(b: &'a CudaBackend, w: &Weight<CudaBackend>, t: usize, rows: u
             if let Some(staged) = (t == 1).then(|| nv4_t1s(b, rows, k)).flatten() {
                 return Some(staged);
             }
-            let warps = k.div_ceil(NV4_K).div_ceil(kf.nv4.gemv_tiles).clamp(1, kf.nv4.gemv_max_warps);
+            let warps = k.div_ceil(NV4_K).div_ceil(kf.shapes.gemv_tiles).clamp(1, kf.shapes.gemv_max_warps);
             // One token stages x in shared memory (up to 20k inputs: no opt-in needed).
             let staged = frag_bytes(1, k);
             let (f, shared) = match t {
-                1 if staged + nv4_t1_static(kf.nv4.gemv_max_warps) <= DEFAULT_SHARED => (&kf.gemv_nvfp4_t1, staged),
+                1 if staged + nv4_t1_static(kf.shapes.gemv_max_warps) <= DEFAULT_SHARED => (&kf.gemv_nvfp4_t1, staged),
                 _ if t > GEMV_MAX_T => (&kf.gemv_nvfp4_t16, 0),
                 _ => (&kf.gemv_nvfp4, 0),
             };

@@ -18,7 +18,7 @@ use crate::device::{CudaBackend, CudaTensor};
 use crate::error::err;
 use crate::kernels::allow_shared;
 use crate::launch::{act, i32_of, Overlapped};
-use crate::limits::{MOE_DEC_MAX_T, MOE_DEC_THREADS, MOE_DEC_WAVE_BF16, NV4_K, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
+use crate::limits::{MOE_DEC_MAX_T, NV4_K, NV4_ROWS, ROUTE_MAX_EXP, ROUTE_MAX_K};
 use crate::nvfp4::frag_bytes;
 use crate::ops::linear::gemv;
 use crate::weight::WeightDesc;
@@ -198,12 +198,13 @@ pub(crate) fn moe_block(
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
-    // bf16: a warp per unit, 4 a block; NVFP4: a block per 16 units (a row block of the tiled
+    // bf16: a warp per unit, MOE_DEC_GU_WARPS a block; NVFP4: a block per 16 units (a row block of the tiled
     // layout), its MOE_NV4_WARPS warps splitting the inputs.
     let (gate_up, units, warps) = if fp4 {
-        (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS, b.k().nv4.moe_warps)
+        (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS, b.k().shapes.moe_warps)
     } else {
-        (&b.k().moe_dec_gate_up_bf16, 4, 4)
+        let warps = b.k().shapes.moe_bf16_gate_up_warps;
+        (&b.k().moe_dec_gate_up_bf16, warps, warps)
     };
     let mut l = Overlapped::new(b, gate_up);
     l.arg(&p_act).arg(&p_ids).arg(&px).arg(&table).arg(&sh).arg(&si).arg(&ii);
@@ -218,9 +219,9 @@ pub(crate) fn moe_block(
         shared_mem_bytes: x_frags as u32,
     };
     // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
-    // table, SharedDesc sh, int slots, int inter): grid (t * slots, inter / units) of 128 threads
-    // (NVFP4: 32 MOE_NV4_WARPS, the kernel's own number, row blocks < ceil(inter / 16) of the
-    // tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
+    // table, SharedDesc sh, int slots, int inter): grid (t * slots, ceil(inter / units)) of 32
+    // MOE_DEC_GU_WARPS threads (NVFP4: 32 MOE_NV4_WARPS; the kernels' own numbers; row blocks <
+    // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
     // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
     // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter
     // floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes (allowed above).
@@ -228,19 +229,24 @@ pub(crate) fn moe_block(
 
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
     // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
-    // kernels/moe_decode.cu), no more blocks than output rows. NVFP4: a block of
+    // kernels/moe_decode.cu; one token's kernel MOE_DEC_T1_*), no more blocks than output rows. NVFP4: a block of
     // MOE_NV4_DOWN_WARPS warps (MOE_NV4_DOWN1_WARPS for one token) per (16-row block of the
     // output, token).
     let staged = if fp4 { frag_bytes(slots, inter) } else { 4 * slots * inter };
     let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
         match t {
-            1 => (&b.k().moe_dec_down_nvfp4_t1, grid, 32 * b.k().nv4.moe_down1_warps),
-            _ => (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().nv4.moe_down_warps),
+            1 => (&b.k().moe_dec_down_nvfp4_t1, grid, 32 * b.k().shapes.moe_down1_warps),
+            _ => (&b.k().moe_dec_down_nvfp4, grid, 32 * b.k().shapes.moe_down_warps),
         }
     } else {
-        let grid = ((t * h).min(MOE_DEC_WAVE_BF16 * b.k().sm_count).max(1) as u32, 1, 1);
-        (&b.k().moe_dec_down_bf16, grid, MOE_DEC_THREADS)
+        let shape = &b.k().shapes;
+        let (kernel, wave, threads) = match t {
+            1 => (&b.k().moe_dec_down_bf16_t1, shape.moe_bf16_down1_wave, shape.moe_bf16_down1_threads),
+            _ => (&b.k().moe_dec_down_bf16, shape.moe_bf16_down_wave, shape.moe_bf16_down_threads),
+        };
+        let grid = ((t * h).min(wave * b.k().sm_count).max(1) as u32, 1, 1);
+        (kernel, grid, threads)
     };
     allow_shared(down, staged, "moe_dec_down")?;
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: staged as u32 };
@@ -249,8 +255,9 @@ pub(crate) fn moe_block(
     // SAFETY: moe_dec_down_*(bf16* out, const float* act, const int* slot_ids, const float*
     // slot_w, const WeightDesc* table, SharedDesc sh, int t, int slots, int hidden, int inter):
     // dynamic shared memory for slots * inter floats (bf16) or slots * ceil(inter / 64) * 128
-    // bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS threads a block; NVFP4: 32
-    // MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS, t = 1) threads (the kernels' own numbers),
+    // bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS (_t1: MOE_DEC_T1_THREADS) threads a
+    // block; NVFP4: 32 MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS) threads (the kernels' own
+    // numbers),
     // grid (ceil(h / 16), t), row blocks < ceil(h / 16) of each down matrix's tiled layout; the
     // slot ids and weights (t * slots each, from the routing kernel, which has ended once the
     // gate/up kernel lets this one start) pick down matrices [h, inter] of the table and the
