@@ -8,10 +8,11 @@
 //! with it, cudarc loads libcuda, libnvrtc and libcublasLt at run time.
 //!
 //! From the ground up: `error.rs`, `limits.rs` (the numbers shared with the kernels), `alloc.rs`,
-//! `kernels.rs` (NVRTC), `open_captures.rs` (when cuBLASLt handles may be destroyed), `blas.rs`; `device.rs` (the backend's device and memory); `launch.rs`
-//! (launch helpers); `nccl.rs` (the NCCL communicator of tensor-parallel ranks); `kv.rs` (the KV block pool), `capture.rs` and `record.rs` (recorded decode steps);
-//! `ops/` (each op family's launch code); `backend.rs` (the Backend trait's layers, handing each
-//! method to its family).
+//! `kernels.rs` (NVRTC), `open_captures.rs` (when cuBLASLt handles may be destroyed), `blas.rs`;
+//! `device.rs` (the backend's device and memory); `launch.rs` (launch helpers); `nccl.rs` (the NCCL
+//! communicator of tensor-parallel ranks); `kv.rs` (the KV block pool), `capture.rs` and
+//! `record.rs` (recorded decode steps); `ops/` (each op family's launch code); `backend.rs` (the
+//! Backend trait's layers, handing each method to its family).
 
 #[cfg(feature = "cuda")]
 mod alloc;

@@ -4,9 +4,10 @@
 //! any thread and capture mode. Of the driver and cuBLASLt calls a backend makes when it is built,
 //! used or dropped, only it did (the rest: module loads and unloads, allocations and frees, stream
 //! creation and destruction, synchronous copies, graph instantiation and launch; measured on the
-//! H200, docs/architecture.md "The invariant"). So a backend dropped in one
-//! thread made another thread's step recording fail. Here a handle dropped while a capture is open
-//! is destroyed when the last open capture closes, and no capture begins while one is destroyed.
+//! H200 with tools/gpu/capture_probe.c, docs/architecture.md "The invariant"). So a backend dropped
+//! in one thread made another thread's step recording fail. Here a handle dropped while a capture
+//! is open is destroyed when the last open capture closes, and no capture begins while one is
+//! destroyed.
 //!
 //! This is vt-cuda's one piece of process-wide state: a count and the handles waiting, nothing
 //! derived from weights.
