@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaStream};
 use vt_core::{Error, Result};
 
 use crate::alloc::{Allocator, CudaBuffer};
@@ -23,6 +23,8 @@ fn blas_err(what: &str, e: lt::CublasError) -> Error {
 pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaBuffer,
+    /// The context the handle was made in, bound where it is destroyed.
+    ctx: Arc<CudaContext>,
 }
 
 // SAFETY: the handle is only used on the owning backend's stream; cuBLASLt handles may be used
@@ -35,7 +37,8 @@ unsafe impl Sync for Gemm {}
 impl Gemm {
     pub fn new(alloc: &Arc<Allocator>) -> Result<Self> {
         let handle = lt::create_handle().map_err(|e| blas_err("create handle", e))?;
-        Ok(Gemm { handle, workspace: CudaBuffer::new(alloc, WORKSPACE)? })
+        let ctx = alloc.raw().stream().context().clone();
+        Ok(Gemm { handle, workspace: CudaBuffer::new(alloc, WORKSPACE)?, ctx })
     }
 
     /// `y = x Wᵀ` for bf16 `x` `[t, k]`, `w` `[n, k]`, `y` `[t, n]` (device addresses).
@@ -139,7 +142,7 @@ impl Gemm {
 impl Drop for Gemm {
     fn drop(&mut self) {
         // SAFETY: the handle was created in `new`, is given up once and not used after.
-        unsafe { crate::open_captures::destroy_handle(self.handle) };
+        unsafe { crate::open_captures::destroy_handle(self.handle, self.ctx.clone()) };
     }
 }
 
