@@ -74,8 +74,9 @@ __device__ __forceinline__ void warp_dots(const WeightDesc* w, long long row, co
 // act[slot, u] = silu(gate_u . x) * (up_u . x), f32, for every (token, slot) of slot_ids: an
 // expert e (its gate and up at table[3e], table[3e + 1]) or -1, the shared expert. Grid:
 // (t * slots, ceil(inter / MOE_DEC_GU_WARPS)) of MOE_DEC_GU_WARPS warps: warp j takes the gate and
-// the up row of unit MOE_DEC_GU_WARPS * blockIdx.y + j. Every block triggers the down kernel only after its wait, so that the down
-// kernel may read the routing before its own wait (common.cuh: grid_dep_wait_then_trigger).
+// the up row of unit MOE_DEC_GU_WARPS * blockIdx.y + j. Every block triggers the down kernel only
+// after its wait, so that the down kernel may read the routing before its own wait (common.cuh:
+// grid_dep_wait_then_trigger).
 __device__ void moe_dec_gate_up(float* act, const int* slot_ids, const bf16* x, const WeightDesc* table, const SharedDesc& sh, int slots,
                                 int inter) {
     int tok = blockIdx.x / slots, u = blockIdx.y * MOE_DEC_GU_WARPS + (threadIdx.x >> 5);
@@ -202,8 +203,8 @@ extern "C" __global__ void __launch_bounds__(MOE_DEC_THREADS, MOE_DEC_WAVE_BF16)
                       int hidden, int inter) {
     moe_dec_down(out, act, slot_ids, slot_w, table, sh, t, slots, hidden, inter);
 }
-// The same for one token, in half as many blocks of twice the warps: a batch-1 decode step 2.5%
-// faster (docs/performance.md).
+// The same for one token, in half as many blocks of twice the warps, which one token runs faster
+// and several slower (docs/performance.md).
 extern "C" __global__ void __launch_bounds__(MOE_DEC_T1_THREADS, MOE_DEC_T1_WAVE_BF16)
     moe_dec_down_bf16_t1(bf16* out, const float* act, const int* slot_ids, const float* slot_w, const WeightDesc* table, SharedDesc sh, int t,
                          int slots, int hidden, int inter) {
