@@ -413,6 +413,40 @@ def qwen35moe_text(d, seed=12):
     return finish_mtp(d, mtp, model, model.model, info)
 
 
+def qwen35moe_dims(d, seed=13):
+    """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
+    heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
+    routed ones), tiny elsewhere: the shapes at which vt-cuda runs its own decode and prefill
+    kernels (one-launch delta-net step, chunked delta rule, flash and split-key attention, fused
+    MoE), where the other fixtures' odd sizes take its general kernels. Splits over 2 and 4 ranks."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    t0 = time.time()
+    T, N = 100, 12
+    layer_types = ["linear_attention", "full_attention"]
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=320, hidden_size=64, num_hidden_layers=2, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        eos_token_id=319,
+    )
+    assert list(cfg.layer_types) == layer_types, cfg.layer_types
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    orig_sd = {k: v.clone() for k, v in model.state_dict().items()}
+    model.to(torch.bfloat16)
+    model.save_pretrained(d)
+    del model
+    model = check_loaded(Qwen3_5MoeForCausalLM, d, orig_sd)
+    return finish(d, model, 320, T, N, seed, layer_list(layer_types), t0)
+
+
 # --------------------------------------------------------------------------------------------
 # Laguna
 # --------------------------------------------------------------------------------------------
@@ -804,6 +838,7 @@ def laguna_nvfp4(d, seed=42):
 FIXTURES = {
     "qwen35moe_nested": qwen35moe_nested,
     "qwen35moe_text": qwen35moe_text,
+    "qwen35moe_dims": qwen35moe_dims,
     "laguna_a": laguna_a,
     "laguna_b": laguna_b,
     "qwen3moe": qwen3moe,
