@@ -413,7 +413,7 @@ def qwen35moe_text(d, seed=12):
     return finish_mtp(d, mtp, model, model.model, info)
 
 
-def qwen35moe_dims(d, seed=13):
+def qwen35moe_dims(d, seed=14):
     """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
     heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
     routed ones), tiny elsewhere: the shapes at which vt-cuda runs its own decode and prefill
