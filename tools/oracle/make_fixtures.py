@@ -418,7 +418,8 @@ def qwen35moe_dims(d, seed=14):
     heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
     routed ones), tiny elsewhere: the shapes at which vt-cuda runs its own decode and prefill
     kernels (one-launch delta-net step, chunked delta rule, flash and split-key attention, fused
-    MoE), where the other fixtures' odd sizes take its general kernels. Splits over 2 and 4 ranks."""
+    MoE), where the other fixtures' odd sizes take its general kernels. Splits over 2 and 4 ranks;
+    has an MTP layer, which then drafts at those shapes too."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     t0 = time.time()
@@ -442,9 +443,14 @@ def qwen35moe_dims(d, seed=14):
     orig_sd = {k: v.clone() for k, v in model.state_dict().items()}
     model.to(torch.bfloat16)
     model.save_pretrained(d)
+    # The MTP layer (per-expert names, as this checkpoint's experts) in the one file.
+    mtp = mtp_layer(cfg, seed + 1)
+    write_single(d, {**{k: v for k, (v, _) in read_all(d).items()}, **mtp_oracle.checkpoint_tensors(mtp, stacked=False)})
+    edit_config(d, lambda c: c.__setitem__("mtp_num_hidden_layers", 1))
     del model
     model = check_loaded(Qwen3_5MoeForCausalLM, d, orig_sd)
-    return finish(d, model, 320, T, N, seed, layer_list(layer_types), t0)
+    info = finish(d, model, 320, T, N, seed, layer_list(layer_types), t0)
+    return finish_mtp(d, mtp, model, model.model, info)
 
 
 # --------------------------------------------------------------------------------------------
