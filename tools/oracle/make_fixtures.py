@@ -413,6 +413,9 @@ def qwen35moe_text(d, seed=12):
     return finish_mtp(d, mtp, model, model.model, info)
 
 
+# Seed 14: its greedy continuations repeat the speculative tests' periodic prompts, so prompt
+# lookup drafts on it (crates/vt/tests/speculative.rs asks for drafts on every fixture; 13's drafted
+# none).
 def qwen35moe_dims(d, seed=14):
     """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
     heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
@@ -445,7 +448,8 @@ def qwen35moe_dims(d, seed=14):
     model.save_pretrained(d)
     # The MTP layer (per-expert names, as this checkpoint's experts) in the one file.
     mtp = mtp_layer(cfg, seed + 1)
-    write_single(d, {**{k: v for k, (v, _) in read_all(d).items()}, **mtp_oracle.checkpoint_tensors(mtp, stacked=False)})
+    tensors = {k: v for k, (v, _) in read_all(d).items()}
+    write_single(d, {**tensors, **mtp_oracle.checkpoint_tensors(mtp, stacked=False)})
     edit_config(d, lambda c: c.__setitem__("mtp_num_hidden_layers", 1))
     del model
     model = check_loaded(Qwen3_5MoeForCausalLM, d, orig_sd)
