@@ -198,8 +198,8 @@ pub(crate) fn moe_block(
     // kernel on this stream; slot ids and weights hold t * slots each; n_exp <= 512, top_k <= 32.
     unsafe { l.launch(cfg, "moe_dec_route")? };
 
-    // bf16: a warp per unit, MOE_DEC_GU_WARPS a block; NVFP4: a block per 16 units (a row block of the tiled
-    // layout), its MOE_NV4_WARPS warps splitting the inputs.
+    // bf16: a warp per unit, MOE_DEC_GU_WARPS a block; NVFP4: a block per 16 units (a row block of
+    // the tiled layout), its MOE_NV4_WARPS warps splitting the inputs.
     let (gate_up, units, warps) = if fp4 {
         (&b.k().moe_dec_gate_up_nvfp4, NV4_ROWS, b.k().shapes.moe_warps)
     } else {
@@ -221,17 +221,18 @@ pub(crate) fn moe_block(
     // SAFETY: moe_dec_gate_up_*(float* act, const int* slot_ids, const bf16* x, const WeightDesc*
     // table, SharedDesc sh, int slots, int inter): grid (t * slots, ceil(inter / units)) of 32
     // MOE_DEC_GU_WARPS threads (NVFP4: 32 MOE_NV4_WARPS; the kernels' own numbers; row blocks <
-    // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this stream) are experts < n_exp
-    // or -1; the table has 3 * n_exp descs (gate and up [inter, h], down [h, inter]) of the one
-    // format `fp4` names, as are the shared expert's (checked); act holds t * slots * inter
-    // floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes (allowed above).
+    // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this
+    // stream) are experts < n_exp or -1; the table has 3 * n_exp descs (gate and up [inter, h],
+    // down [h, inter]) of the one format `fp4` names, as are the shared expert's (checked); act
+    // holds t * slots * inter floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes
+    // (allowed above).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
     // fragments. bf16: one resident wave (MOE_DEC_THREADS, MOE_DEC_WAVE_BF16 of
-    // kernels/moe_decode.cu; one token's kernel MOE_DEC_T1_*), no more blocks than output rows. NVFP4: a block of
-    // MOE_NV4_DOWN_WARPS warps (MOE_NV4_DOWN1_WARPS for one token) per (16-row block of the
-    // output, token).
+    // kernels/moe_decode.cu; one token's kernel MOE_DEC_T1_*), no more blocks than output rows.
+    // NVFP4: a block of MOE_NV4_DOWN_WARPS warps (MOE_NV4_DOWN1_WARPS for one token) per (16-row
+    // block of the output, token).
     let staged = if fp4 { frag_bytes(slots, inter) } else { 4 * slots * inter };
     let (down, grid, threads) = if fp4 {
         let grid = (h.div_ceil(NV4_ROWS) as u32, t as u32, 1);
@@ -257,12 +258,11 @@ pub(crate) fn moe_block(
     // dynamic shared memory for slots * inter floats (bf16) or slots * ceil(inter / 64) * 128
     // bytes (NVFP4), allowed above; bf16: MOE_DEC_THREADS (_t1: MOE_DEC_T1_THREADS) threads a
     // block; NVFP4: 32 MOE_NV4_DOWN_WARPS (_t1: MOE_NV4_DOWN1_WARPS) threads (the kernels' own
-    // numbers),
-    // grid (ceil(h / 16), t), row blocks < ceil(h / 16) of each down matrix's tiled layout; the
-    // slot ids and weights (t * slots each, from the routing kernel, which has ended once the
-    // gate/up kernel lets this one start) pick down matrices [h, inter] of the table and the
-    // shared expert, as for the gate/up kernel; act holds t * slots * inter floats (rows of whole
-    // 8-byte pairs: inter % 8 == 0); out t * h values.
+    // numbers), grid (ceil(h / 16), t), row blocks < ceil(h / 16) of each down matrix's tiled
+    // layout; the slot ids and weights (t * slots each, from the routing kernel, which has ended
+    // once the gate/up kernel lets this one start) pick down matrices [h, inter] of the table and
+    // the shared expert, as for the gate/up kernel; act holds t * slots * inter floats (rows of
+    // whole 8-byte pairs: inter % 8 == 0); out t * h values.
     unsafe { l.launch(cfg, "moe_dec_down")? };
     Ok(out)
 }
