@@ -108,7 +108,7 @@ impl<B: Backend> Model<B> {
         let norm = ld.float(&format!("{p}norm.weight"), &[h])?;
         let lm_head = parallel::lm_head(&ld, &spec, shard)?;
         let mtp = match &spec.mtp {
-            Some(ls) if ld.has(mtp::FC) => Some(mtp::Mtp::load(&ld, ls, h, shard)?),
+            Some(ls) if ld.has(mtp::MARKER) => Some(mtp::Mtp::load(&ld, ls, h, shard)?),
             _ => None,
         };
         let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
@@ -147,13 +147,14 @@ impl<B: Backend> Model<B> {
         row + layers + tensor_bytes(&self.norm) + linear_bytes(self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
-    /// The routed experts of every MoE layer, in layer order (lifetime tests check where they live
-    /// and what their resident slots hold).
+    /// The routed experts of every MoE layer, in layer order, then the MTP layer's (lifetime tests
+    /// check where they live and what their resident slots hold).
     pub fn moe_experts(&self) -> impl Iterator<Item = &MoeExperts<B>> {
-        self.layers.iter().filter_map(|l| match &l.ffn {
+        let layers = self.layers.iter().filter_map(|l| match &l.ffn {
             Ffn::Moe(m) => m.experts.as_ref(),
             Ffn::Dense(_) | Ffn::Idle => None,
-        })
+        });
+        layers.chain(self.mtp.as_ref().and_then(|m| m.experts()))
     }
 
     /// Builds now the state the backend derives from the weights for a single-token step (expert
@@ -161,9 +162,7 @@ impl<B: Backend> Model<B> {
     /// recorder cannot build it); a server may call it after loading so that its first request
     /// does not wait for it. Built state is kept: later calls cost a check per MoE layer.
     pub fn prepare(&self) -> Result<()> {
-        self.moe_experts()
-            .chain(self.mtp.as_ref().and_then(|m| m.experts()))
-            .try_for_each(|e| self.backend.prepare_experts(e))?;
+        self.moe_experts().try_for_each(|e| self.backend.prepare_experts(e))?;
         self.peers.iter().try_for_each(Model::prepare)
     }
 

@@ -25,8 +25,10 @@ use crate::loader::Loader;
 use crate::spec::LayerSpec;
 use crate::split::Shard;
 
-/// The tensor whose presence says a checkpoint carries the MTP layer.
-pub(super) const FC: &str = "mtp.fc.weight";
+/// The tensor whose presence says a checkpoint carries the MTP layer: its final norm, stored as
+/// floats whatever the checkpoint quantizes (compressed-tensors names a quantized
+/// `mtp.fc.weight` `mtp.fc.weight_packed`).
+pub(super) const MARKER: &str = "mtp.norm.weight";
 
 pub(super) struct Mtp<B: Backend> {
     pre_fc_norm_embedding: Tensor<B>,
