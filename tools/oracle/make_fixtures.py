@@ -416,17 +416,10 @@ def qwen35moe_text(d, seed=12):
 # Seed 14: its greedy continuations repeat the speculative tests' periodic prompts, so prompt
 # lookup drafts on it (crates/vt/tests/speculative.rs asks for drafts on every fixture; 13's drafted
 # none).
-def qwen35moe_dims(d, seed=14):
-    """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
-    heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
-    routed ones), tiny elsewhere: the shapes at which vt-cuda runs its own decode and prefill
-    kernels (one-launch delta-net step, chunked delta rule, flash and split-key attention, fused
-    MoE), where the other fixtures' odd sizes take its general kernels. Splits over 2 and 4 ranks;
-    has an MTP layer, which then drafts at those shapes too."""
+def dims_model(seed):
+    """qwen35moe_dims' model (random f32, seeded) and its layer types."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    t0 = time.time()
-    T, N = 100, 12
     layer_types = ["linear_attention", "full_attention"]
     cfg = Qwen3_5MoeTextConfig(
         vocab_size=320, hidden_size=64, num_hidden_layers=2, layer_types=layer_types,
@@ -443,6 +436,22 @@ def qwen35moe_dims(d, seed=14):
     torch.manual_seed(seed)
     model = Qwen3_5MoeForCausalLM(cfg).eval()
     randomize(model, seed, emb_std=1.0, lm_std=2.0 / math.sqrt(64))
+    return model, layer_types
+
+
+def qwen35moe_dims(d, seed=14):
+    """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
+    heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
+    routed ones), tiny elsewhere: the shapes at which vt-cuda runs its own decode and prefill
+    kernels (one-launch delta-net step, chunked delta rule, flash and split-key attention, fused
+    MoE), where the other fixtures' odd sizes take its general kernels. Splits over 2 and 4 ranks;
+    has an MTP layer, which then drafts at those shapes too."""
+    from transformers import Qwen3_5MoeForCausalLM
+
+    t0 = time.time()
+    T, N = 100, 12
+    model, layer_types = dims_model(seed)
+    cfg = model.config
     orig_sd = {k: v.clone() for k, v in model.state_dict().items()}
     model.to(torch.bfloat16)
     model.save_pretrained(d)
@@ -594,15 +603,18 @@ def qwen3moe(d, seed=31):
 # NVFP4 (compressed-tensors and ModelOpt encodings of the same codes and scales)
 # --------------------------------------------------------------------------------------------
 
-def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude, modelopt_in_config, t0):
+def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude, modelopt_in_config, t0, mtp=None):
     """Saves `model` (random f32) as a compressed-tensors NVFP4 checkpoint in `d` and its ModelOpt twin in
-    `d + "_modelopt"`. The reference is transformers (f32) on the f32 decompression of the codes."""
+    `d + "_modelopt"`, with the MTP layer `mtp` (quantized by the same rules) where one is given. The
+    references are transformers (f32) and tools/oracle/mtp.py on the f32 decompression of the codes."""
     scheme = nvfp4.ct_scheme(targets)
     vocab = model.config.vocab_size
     model.to(torch.bfloat16)
     model.save_pretrained(d)  # original format: per-expert names, what NVFP4 exporters write
     del model
     tensors = {k: v for k, (v, _) in read_all(d).items()}
+    if mtp is not None:
+        tensors.update(mtp_oracle.checkpoint_tensors(mtp, stacked=False))
     ct, dense = nvfp4.quantize_tensors(tensors, targets, ignore, scheme)
     modules = sorted(dense)
     # Gate and up of one expert keep their own global scales (vt must not assume one per pair); equal
@@ -615,7 +627,8 @@ def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude
     f32_dir = d + ".f32.tmp"
     shutil.rmtree(f32_dir, ignore_errors=True)
     shutil.copytree(d, f32_dir)
-    write_single(f32_dir, {**tensors, **{f"{m}.weight": w for m, w in dense.items()}})
+    decompressed = {**tensors, **{f"{m}.weight": w for m, w in dense.items()}}
+    write_single(f32_dir, {k: v for k, v in decompressed.items() if not k.startswith("mtp.")})
     ref_model, info = model_cls.from_pretrained(f32_dir, dtype=torch.float32, attn_implementation="eager",
                                                 output_loading_info=True)
     for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
@@ -625,7 +638,11 @@ def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude
 
     write_single(d, ct)
     edit_config(d, lambda c: c.__setitem__("quantization_config", nvfp4.ct_config(targets, ignore, scheme)))
+    if mtp is not None:
+        edit_config(d, lambda c: c.__setitem__("mtp_num_hidden_layers", 1))
     out = finish(d, ref_model, vocab, T, N, seed, layer_info, t0)
+    if mtp is not None:
+        out = finish_mtp(d, mtp_oracle.with_weights(mtp, decompressed), ref_model, ref_model.model, out)
 
     hf_note = check_hf_compressed_tensors_load(model_cls, d, ref_model, ct, dense)
     out["nvfp4"] = {
@@ -642,8 +659,9 @@ def _nvfp4(d, seed, model_cls, model, T, N, layer_info, targets, ignore, exclude
     mo = d + "_modelopt"
     shutil.rmtree(mo, ignore_errors=True)
     os.makedirs(mo)
-    for f in ("config.json", "generation_config.json", "reference.safetensors"):
-        shutil.copy(os.path.join(d, f), mo)
+    for f in ("config.json", "generation_config.json", "reference.safetensors", MTP_REFERENCE):
+        if os.path.exists(os.path.join(d, f)):
+            shutil.copy(os.path.join(d, f), mo)
     all_linear = [k[: -len(".weight")] for k, v in tensors.items()
                   if k.endswith(".weight") and v.dim() == 2 and "embed_tokens" not in k]
     nvfp4.check_modelopt_exclude(modules, all_linear, exclude)
@@ -809,6 +827,23 @@ def qwen35moe_nvfp4(d, seed=41):
                   modelopt_in_config=False, t0=t0)
 
 
+def qwen35moe_dims_nvfp4(d, seed=43):
+    # qwen35moe_dims' shapes with what `vt bench --load-format dummy-nvfp4` quantizes (every linear
+    # but the LM head, the router, the shared-expert gate and GDN's in_proj_a/b): the delta net's
+    # in_proj and out_proj and attention's q/k/v/o in NVFP4 too, at the real head dimensions. Its
+    # MTP layer is quantized by the same rules (fc, attention, experts), as a checkpoint that
+    # quantizes it would store it.
+    from transformers import Qwen3_5MoeForCausalLM
+
+    t0 = time.time()
+    model, layer_types = dims_model(seed)
+    mtp = mtp_layer(model.config, seed + 1)
+    ignore = ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*linear_attn\.in_proj_[ab]$"]
+    exclude = ["lm_head", "*mlp.gate", "*shared_expert_gate", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b"]
+    return _nvfp4(d, seed, Qwen3_5MoeForCausalLM, model, 100, 12, layer_list(layer_types), ["Linear"], ignore, exclude,
+                  modelopt_in_config=True, t0=t0, mtp=mtp)
+
+
 def laguna_nvfp4(d, seed=42):
     # Attention projections (q, k, v, o, g) and routed experts quantized, selected by `re:` targets.
     from transformers import LagunaConfig, LagunaForCausalLM
@@ -853,6 +888,7 @@ FIXTURES = {
     "laguna_b": laguna_b,
     "qwen3moe": qwen3moe,
     "qwen35moe_nvfp4": qwen35moe_nvfp4,
+    "qwen35moe_dims_nvfp4": qwen35moe_dims_nvfp4,
     "laguna_nvfp4": laguna_nvfp4,
     "qwen35moe_fp8": qwen35moe_fp8,
 }

@@ -86,6 +86,27 @@ def checkpoint_tensors(mtp, stacked):
     return out
 
 
+def with_weights(mtp, tensors):
+    """A copy of `mtp` holding `tensors` (checkpoint names `mtp.*`, experts per expert, as `checkpoint_tensors`
+    writes them) in float32: the weights a quantized checkpoint's MTP layer decompresses to."""
+    out = copy.deepcopy(mtp)
+    state = {}
+    for k, v in out.state_dict().items():
+        if k.startswith("rotary."):
+            state[k] = v
+        elif k.endswith("mlp.experts.gate_up_proj"):
+            base = "mtp." + k[: -len("gate_up_proj")]
+            state[k] = torch.stack([torch.cat([tensors[f"{base}{e}.gate_proj.weight"], tensors[f"{base}{e}.up_proj.weight"]])
+                                    for e in range(v.shape[0])])
+        elif k.endswith("mlp.experts.down_proj"):
+            base = "mtp." + k[: -len("down_proj")]
+            state[k] = torch.stack([tensors[f"{base}{e}.down_proj.weight"] for e in range(v.shape[0])])
+        else:
+            state[k] = tensors["mtp." + k]
+    out.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+    return out
+
+
 @torch.no_grad()
 def reference(mtp, text_model, lm_head, ids, first_draft_row, drafts):
     """The MTP over a sequence `ids` (the target's input) and a chain of greedy drafts.

@@ -42,8 +42,8 @@ fn split_models_draft_as_the_reference() {
     }
 }
 
-/// Laguna, Qwen3-MoE and the quantized Qwen3.5 fixtures carry no MTP layer: the model says so and
-/// `draft` is an error naming it.
+/// Laguna, Qwen3-MoE and two quantized Qwen3.5 fixtures (qwen35moe_nvfp4, qwen35moe_fp8) carry no
+/// MTP layer: the model says so and `draft` is an error naming it.
 #[test]
 fn models_without_an_mtp_layer_say_so() {
     let b = CpuBackend::new();

@@ -18,8 +18,11 @@ use vt_test_support::{fixture, max_abs_diff, Reference, LOGIT_TOL};
 use support::{edit, Corrupted, Entry};
 
 /// (compressed-tensors fixture, its ModelOpt twin with the same codes and scales).
-const PAIRS: [(&str, &str); 2] =
-    [("qwen35moe_nvfp4", "qwen35moe_nvfp4_modelopt"), ("laguna_nvfp4", "laguna_nvfp4_modelopt")];
+const PAIRS: [(&str, &str); 3] = [
+    ("qwen35moe_nvfp4", "qwen35moe_nvfp4_modelopt"),
+    ("qwen35moe_dims_nvfp4", "qwen35moe_dims_nvfp4_modelopt"),
+    ("laguna_nvfp4", "laguna_nvfp4_modelopt"),
+];
 
 fn full_forward(b: &CpuBackend, dir: &Path, seq: &[u32]) -> Vec<f32> {
     let m = Model::load(b, dir).unwrap();
