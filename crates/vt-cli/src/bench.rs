@@ -16,8 +16,8 @@ use serde_json::Value;
 use vt::checkpoint::{Checkpoint, Config, TensorStore};
 use vt::grammar::{ConstraintSpec, GrammarCompiler};
 use vt::{
-    Backend, Draft, Drafter, DummyWeights, Engine, EngineConfig, Event, Model, Observation, Proposal, Request, Result,
-    SamplingParams, SeqId,
+    Backend, Draft, Drafter, DummyNvfp4, DummyWeights, Engine, EngineConfig, Event, Model, Observation, Proposal,
+    Request, Result, SamplingParams, SeqId,
 };
 
 use crate::ranks::Ranks;
@@ -28,8 +28,10 @@ pub enum LoadFormat {
     Auto,
     /// Random bf16 weights at the config's shapes.
     Dummy,
-    /// Random weights, projections and experts NVFP4 (as NVFP4 checkpoints store them).
+    /// Random weights, projections and experts NVFP4 (routers, gates, embeddings, LM head bf16).
     DummyNvfp4,
+    /// Random weights, only the routed experts NVFP4 (as NVIDIA's ModelOpt Qwen3.5 exports).
+    DummyNvfp4Experts,
 }
 
 /// `config.json` of `dir` cut to its first `layers` layers (`num_hidden_layers` and every per-layer
@@ -77,8 +79,9 @@ pub fn load<B: Backend>(
     let ckpt = Checkpoint { dir: dir.to_path_buf(), config, tensors };
     let dummy = match format {
         LoadFormat::Auto => None,
-        LoadFormat::Dummy => Some(DummyWeights { seed: 0, nvfp4: false }),
-        LoadFormat::DummyNvfp4 => Some(DummyWeights { seed: 0, nvfp4: true }),
+        LoadFormat::Dummy => Some(DummyWeights { seed: 0, nvfp4: DummyNvfp4::Off }),
+        LoadFormat::DummyNvfp4 => Some(DummyWeights { seed: 0, nvfp4: DummyNvfp4::Projections }),
+        LoadFormat::DummyNvfp4Experts => Some(DummyWeights { seed: 0, nvfp4: DummyNvfp4::RoutedExperts }),
     };
     ranks.model(&ckpt, dummy, &|_, _| {})
 }

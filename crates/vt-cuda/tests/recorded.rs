@@ -18,7 +18,7 @@ use vt_core::backend::prelude::*;
 use vt_core::checkpoint::Checkpoint;
 use vt_core::{KvLayout, KvSeq, ReplayInputs};
 use vt_cuda::CudaBackend;
-use vt_models::{DummyWeights, Logits, Model, PoolConfig, SeqState, StepSeq, BATCH_ROWS};
+use vt_models::{DummyNvfp4, DummyWeights, Logits, Model, PoolConfig, SeqState, StepSeq, BATCH_ROWS};
 use vt_test_support::{all_fixtures, argmax, fixture, max_abs_diff, Reference};
 
 /// Decode steps per fixture: more than a recording's tables have room for (256 positions past the
@@ -49,7 +49,7 @@ fn every_model(
         let tensors = vt_core::checkpoint::TensorStore::open_files(&dir, &[]).unwrap();
         let ckpt = Checkpoint { dir, config, tensors };
         let model = |recorded| {
-            let mut m = Model::dummy(b, &ckpt, DummyWeights { seed: 5, nvfp4: false }).unwrap();
+            let mut m = Model::dummy(b, &ckpt, DummyWeights { seed: 5, nvfp4: DummyNvfp4::Off }).unwrap();
             m.set_recorded_decode(recorded);
             m
         };
@@ -235,7 +235,7 @@ fn a_recording_serves_only_the_model_that_made_it() {
     let b = CudaBackend::new().unwrap();
     let ckpt = Checkpoint::open(&fixture("qwen35moe_text")).unwrap();
     let model = |seed, recorded| {
-        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed, nvfp4: false }).unwrap();
+        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed, nvfp4: DummyNvfp4::Off }).unwrap();
         m.set_recorded_decode(recorded);
         m
     };
@@ -265,7 +265,7 @@ fn every_sequence_records_at_its_first_decode_step() {
     let b = CudaBackend::new().unwrap();
     let ckpt = Checkpoint::open(&fixture("qwen35moe_text")).unwrap();
     let model = |recorded| {
-        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed: 3, nvfp4: false }).unwrap();
+        let mut m = Model::dummy(&b, &ckpt, DummyWeights { seed: 3, nvfp4: DummyNvfp4::Off }).unwrap();
         m.set_recorded_decode(recorded);
         m
     };

@@ -9,7 +9,7 @@ pub mod spec;
 pub mod split;
 
 /// Reading single weights of a checkpoint (tools and tests; `Model::load` reads them all).
-pub use loader::{DummyWeights, Loader};
+pub use loader::{DummyNvfp4, DummyWeights, Loader};
 pub use model::{
     decode_first, Comms, Draft, DraftInput, Logits, Model, PoolConfig, PoolShape, PoolStats, SeqState, StatePool,
     StepOutput, StepSeq, BATCH_ROWS,

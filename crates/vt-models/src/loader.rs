@@ -13,9 +13,21 @@ use crate::quant::{is_activation_scale, QuantConfig};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DummyWeights {
     pub seed: u64,
-    /// Projections and experts in NVFP4, as NVFP4 checkpoints store them (routers, gates, the
-    /// embeddings and the LM head stay bf16).
-    pub nvfp4: bool,
+    /// Which of them are NVFP4.
+    pub nvfp4: DummyNvfp4,
+}
+
+/// Which modules random weights make NVFP4: NVFP4 checkpoints differ in what they quantize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DummyNvfp4 {
+    /// None: every weight bf16.
+    Off,
+    /// Every projection and expert; the routers, gates, GDN's in_proj_a/b, the embeddings and the
+    /// LM head stay bf16.
+    Projections,
+    /// The routed experts of the model's layers only, as NVIDIA's ModelOpt exports of Qwen3.5 store
+    /// them (attention, the delta net, the shared experts and the MTP layer bf16).
+    RoutedExperts,
 }
 
 impl DummyWeights {
@@ -26,7 +38,11 @@ impl DummyWeights {
 
     fn quantizes(&self, module: &str) -> bool {
         let keep = [".gate", "shared_expert_gate", "in_proj_a", "in_proj_b", "g_proj", "embed_tokens", "lm_head"];
-        self.nvfp4 && !keep.iter().any(|k| module.ends_with(k))
+        match self.nvfp4 {
+            DummyNvfp4::Off => false,
+            DummyNvfp4::Projections => !keep.iter().any(|k| module.ends_with(k)),
+            DummyNvfp4::RoutedExperts => module.contains(".experts.") && !module.starts_with("mtp."),
+        }
     }
 }
 
@@ -312,7 +328,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// scale group, one FP8 block (rows and columns), else one.
     pub fn split_unit(&self) -> usize {
         match (&self.dummy, &self.quant) {
-            (Some(d), _) if d.nvfp4 => NVFP4_GROUP,
+            (Some(d), _) if d.nvfp4 != DummyNvfp4::Off => NVFP4_GROUP,
             (Some(_), _) | (None, None) => 1,
             (None, Some(q)) => q.split_unit(),
         }

@@ -31,7 +31,7 @@ pub use sampling::{Sampler, SamplingParams, TokenLogprobs, Verdict};
 pub use speculative::{Draft, Drafter, DrafterKind, MtpDrafter, NgramDrafter, Observation, Proposal, SeqId};
 pub use text::{ChatMessage, ChatPrompt, Detokenizer, StopStrings, Tokenizer};
 pub use vt_core::{checkpoint, Backend, Communicator, DType, Error, HostComm, MemoryStats, Result};
-pub use vt_models::{Comms, DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
+pub use vt_models::{Comms, DummyNvfp4, DummyWeights, Family, Logits, Model, ModelSpec, SeqState};
 
 #[cfg(feature = "cpu")]
 pub use vt_cpu::{AllocMode, CpuBackend};
