@@ -246,11 +246,16 @@ impl FusedOps for CudaBackend {
     ) -> Result<Tensor<Self>> {
         args::moe(self, x, router, experts)?;
         args::whole_experts(self, experts, "moe_block")?;
-        if moe::decode::fits(self, x, router, experts, shared) {
-            return moe::decode::moe_block(self, x, router, experts, shared);
-        }
-        if let Some(y) = moe::decode::nvfp4_in_chunks(self, x, router, experts, shared)? {
+        if let Some(y) = moe::decode::fused(self, x, router, experts, shared)? {
             return Ok(y);
+        }
+        // A shared expert the fused kernels do not take with the routed experts (another format:
+        // ModelOpt exports keep it bf16 beside NVFP4 experts; another width) runs through its own
+        // projections beside them.
+        if let Some(s) = shared {
+            if let Some(routed) = moe::decode::fused(self, x, router, experts, None)? {
+                return vt_core::backend::composed::add_shared_expert(self, x, &routed, s);
+            }
         }
         vt_core::backend::composed::moe_block(self, x, router, experts, shared)
     }

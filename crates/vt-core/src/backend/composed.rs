@@ -4,7 +4,7 @@
 
 use super::sample::{check_picks, sample_row, SampleRow};
 use super::{check, AttentionParams, Device, GateAct, GdnInputs, GdnMode, GdnState, GdnStep, KvOps, KvSeq};
-use super::{NormKind, Ops};
+use super::{FusedOps, NormKind, Ops};
 use super::{Rope, SharedExpert};
 use crate::tensor::Tensor;
 use crate::weights::{Linear, MoeExperts, Router};
@@ -210,7 +210,7 @@ pub fn add_rms_norm<B: Ops>(
 }
 
 /// `FusedOps::moe_block` from the primitive ops.
-pub fn moe_block<B: Ops>(
+pub fn moe_block<B: FusedOps>(
     b: &B,
     x: &Tensor<B>,
     router: &Router<B>,
@@ -218,12 +218,28 @@ pub fn moe_block<B: Ops>(
     shared: Option<&SharedExpert<'_, B>>,
 ) -> Result<Tensor<B>> {
     let routed = b.moe(x, router, experts)?;
-    let Some(s) = shared else { return Ok(routed) };
-    let mut y = b.linear(&b.swiglu(&b.linear(x, s.gate)?, &b.linear(x, s.up)?)?, s.down)?;
-    if let Some(g) = s.gate_proj {
-        y = b.gate(&y, &b.linear(x, g)?, GateAct::Sigmoid)?;
+    match shared {
+        Some(s) => add_shared_expert(b, x, &routed, s),
+        None => Ok(routed),
     }
-    b.add(&routed, &y)
+}
+
+/// `routed` plus the shared expert `s` of `x`: the SwiGLU of its gate and up projections (read in
+/// one `linear_many` with its gate row) through its down projection, times its sigmoid gate where
+/// it has one.
+pub fn add_shared_expert<B: FusedOps>(
+    b: &B,
+    x: &Tensor<B>,
+    routed: &Tensor<B>,
+    s: &SharedExpert<'_, B>,
+) -> Result<Tensor<B>> {
+    let inputs: Vec<&Linear<B>> = [s.gate, s.up].into_iter().chain(s.gate_proj).collect();
+    let proj = b.linear_many(x, &inputs)?;
+    let mut y = b.linear(&b.swiglu(&proj[0], &proj[1])?, s.down)?;
+    if let Some(g) = proj.get(2) {
+        y = b.gate(&y, g, GateAct::Sigmoid)?;
+    }
+    b.add(routed, &y)
 }
 
 /// Sequence `i`'s part of `x`, whose first dimension is `n` sequences, as `[1, ..]`; `None` where

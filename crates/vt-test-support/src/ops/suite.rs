@@ -569,20 +569,23 @@ pub fn moe_block_decode_every_router_format_and_shared_expert<G: Backend>(dev: &
         // up, SwiGLU and down outputs, its gated output and the final sum, seven roundings of u/2
         // on the way to an output: 4u. The fused bf16 kernels round once: u. vt-cuda's NVFP4 down
         // kernel also rounds the SwiGLU activations to bf16 for its tensor cores (its weights
-        // enter them exactly): 2u, as the grouped prefill.
-        for format in ["bf16", "nvfp4", "fp8"] {
-            let bound = match format {
-                "fp8" => 4.0 * dev.u,
-                "nvfp4" => 2.0 * dev.u,
+        // enter them exactly): 2u, as the grouped prefill. NVFP4 experts beside a bf16 shared
+        // expert (ModelOpt's Qwen3.5 exports): vt-cuda fuses the routed ones and composes the
+        // shared one, the composed ops' roundings: 4u.
+        for (format, shared_format) in [("bf16", "bf16"), ("nvfp4", "nvfp4"), ("fp8", "fp8"), ("nvfp4", "bf16")] {
+            let bound = match (format, shared_format) {
+                ("fp8", _) | ("nvfp4", "bf16") => 4.0 * dev.u,
+                ("nvfp4", _) => 2.0 * dev.u,
                 _ => dev.u,
             };
             let experts = host_experts(&mut r, format, n_exp, h, inter);
-            let shared = host_experts(&mut r, format, 1, h, inter).pop().expect("one expert");
+            let shared = host_experts(&mut r, shared_format, 1, h, inter).pop().expect("one expert");
             for kind in &kinds {
                 for &(shared_kind, t) in shared_cases.iter().filter(|&&(_, t)| t <= 16 || format == "nvfp4") {
                     let x = r.vec(t * h, 2.0);
                     let op = format!(
-                        "moe_block decode {format} [{h}, {inter}, {n_exp}] {kind:?} shared {shared_kind} t={t}"
+                        "moe_block decode {format} [{h}, {inter}, {n_exp}] {kind:?} shared {shared_kind} \
+                         {shared_format} t={t}"
                     );
                     on_both!(dev, &op, bound, |b| {
                         let moe = upload_experts(b, &experts, h, inter);

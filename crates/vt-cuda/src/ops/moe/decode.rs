@@ -103,15 +103,19 @@ fn nvfp4_if_fits(
     fits.then(|| format(&mut routed.chain(shared_ws))).flatten()
 }
 
-/// Whether the fused kernels take this call.
-pub(crate) fn fits(
+/// The fused block, in one call or NVFP4's chunks of one (`nvfp4_in_chunks`); `None` for calls
+/// the fused kernels do not take.
+pub(crate) fn fused(
     b: &CudaBackend,
     x: &CudaTensor,
     router: &Router<CudaBackend>,
     experts: &MoeExperts<CudaBackend>,
     shared: Option<&SharedExpert<'_, CudaBackend>>,
-) -> bool {
-    nvfp4_if_fits(b, (x.rows(), x.last_dim()), router, experts, shared).is_some()
+) -> Result<Option<CudaTensor>> {
+    if nvfp4_if_fits(b, (x.rows(), x.last_dim()), router, experts, shared).is_some() {
+        return moe_block(b, x, router, experts, shared).map(Some);
+    }
+    nvfp4_in_chunks(b, x, router, experts, shared)
 }
 
 /// Most tokens for which NVFP4 experts still take the fused kernels, MOE_DEC_MAX_T tokens a call,
@@ -122,7 +126,7 @@ const NV4_CHUNKED_MAX_T: usize = 32;
 
 /// The fused block over chunks of MOE_DEC_MAX_T tokens, for NVFP4 experts of a call of more
 /// tokens than one fused call takes and at most NV4_CHUNKED_MAX_T; `None` for other calls.
-pub(crate) fn nvfp4_in_chunks(
+fn nvfp4_in_chunks(
     b: &CudaBackend,
     x: &CudaTensor,
     router: &Router<CudaBackend>,
@@ -141,8 +145,8 @@ pub(crate) fn nvfp4_in_chunks(
     vt_core::backend::stack_rows(b, parts).map(Some)
 }
 
-/// The fused block, for a call that `fits` took.
-pub(crate) fn moe_block(
+/// The fused block, for a call that `nvfp4_if_fits` takes.
+fn moe_block(
     b: &CudaBackend,
     x: &CudaTensor,
     router: &Router<CudaBackend>,
