@@ -413,9 +413,6 @@ def qwen35moe_text(d, seed=12):
     return finish_mtp(d, mtp, model, model.model, info)
 
 
-# Seed 14: its greedy continuations repeat the speculative tests' periodic prompts, so prompt
-# lookup drafts on it (crates/vt/tests/speculative.rs asks for drafts on every fixture; 13's drafted
-# none).
 def dims_model(seed):
     """qwen35moe_dims' model (random f32, seeded) and its layer types."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
@@ -439,6 +436,9 @@ def dims_model(seed):
     return model, layer_types
 
 
+# Seed 14: its greedy continuations repeat the speculative tests' periodic prompts, so prompt
+# lookup drafts on it (crates/vt/tests/speculative.rs asks for drafts on every fixture; 13's drafted
+# none).
 def qwen35moe_dims(d, seed=14):
     """Qwen3.5-MoE at Qwen3.5-35B-A3B's head dimensions (delta-net keys and values of 128, attention
     heads of 256 with a quarter rotary, two value heads a key head, a shared expert as wide as the
