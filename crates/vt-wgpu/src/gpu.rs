@@ -184,8 +184,14 @@ impl Gpu {
         self.record(|e| e.copy_buffer_to_buffer(&staging, 0, dst.buffer, dst.offset, size));
     }
 
-    /// Runs `kernel` with uniform `params` at binding 0 and `bindings` (binding number, range)
-    /// over `groups` workgroups.
+    /// Runs `kernel` with `params` at binding 0 and `bindings` (binding number, range) over
+    /// `groups` workgroups.
+    ///
+    /// The params are a read-only storage buffer, not a uniform one: lavapipe (Mesa 22.3) folds a
+    /// uniform read in a loop's bounds into the shader and compiles it again for every dispatch,
+    /// with JIT memory that is never given back (about 90 KB a dispatch). Each kernel copies them
+    /// into a private `p` first, so the compiler may keep its loop bounds in registers (no write
+    /// to a storage buffer can change a private value).
     pub(crate) fn dispatch(
         &self,
         kernel: Kernel,
@@ -211,10 +217,8 @@ impl Gpu {
             )));
         }
         let pipeline = self.pipeline(kernel);
-        let mut words = params.to_vec();
-        words.resize(params.len().next_multiple_of(4).max(4), 0);
-        let uniform = self.init_buffer(bytemuck::cast_slice(&words), wgpu::BufferUsages::UNIFORM);
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        let params = self.init_buffer(bytemuck::cast_slice(params), wgpu::BufferUsages::STORAGE);
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() }];
         entries.extend(bindings.iter().map(|&(binding, r)| wgpu::BindGroupEntry {
             binding,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {

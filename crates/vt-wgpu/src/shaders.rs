@@ -51,16 +51,37 @@ kernels! {
 #[cfg(test)]
 mod tests {
     use super::Kernel;
+    use wgpu::naga;
+
+    fn parse(k: Kernel) -> naga::Module {
+        naga::front::wgsl::parse_str(&k.source())
+            .unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&k.source())))
+    }
 
     /// Every kernel parses and validates (naga, as wgpu compiles it), without a device.
     #[test]
     fn every_kernel_validates() {
         for &k in Kernel::ALL {
-            let module = wgpu::naga::front::wgsl::parse_str(&k.source())
-                .unwrap_or_else(|e| panic!("{}: {}", k.name(), e.emit_to_string(&k.source())));
-            wgpu::naga::valid::Validator::new(Default::default(), wgpu::naga::valid::Capabilities::all())
-                .validate(&module)
+            naga::valid::Validator::new(Default::default(), naga::valid::Capabilities::all())
+                .validate(&parse(k))
                 .unwrap_or_else(|e| panic!("{}: {e:?}", k.name()));
+        }
+    }
+
+    /// Params come in a read-only storage buffer at binding 0 and nothing is a uniform
+    /// (`Gpu::dispatch` says what a uniform costs on lavapipe).
+    #[test]
+    fn every_kernel_reads_its_params_from_storage() {
+        for &k in Kernel::ALL {
+            let module = parse(k);
+            let globals: Vec<_> = module.global_variables.iter().map(|(_, g)| g).collect();
+            assert!(globals.iter().all(|g| g.space != naga::AddressSpace::Uniform), "{}: a uniform buffer", k.name());
+            let params = globals.iter().find(|g| g.binding.as_ref().is_some_and(|b| b.group == 0 && b.binding == 0));
+            assert!(
+                params.is_some_and(|g| g.space == naga::AddressSpace::Storage { access: naga::StorageAccess::LOAD }),
+                "{}: binding 0 is not a read-only storage buffer",
+                k.name()
+            );
         }
     }
 }

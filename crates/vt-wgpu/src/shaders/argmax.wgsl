@@ -4,7 +4,8 @@
 // a 0 bit reads as -inf), and whether every value of the row, masked or not, is finite. Writes
 // (id, finite) per row to `picks`.
 struct P { fmt: u32, rows: u32, width: u32, b0: u32, b1: u32, masked: u32, words: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> wv: array<u32>;
 @group(0) @binding(2) var<storage, read> ws: array<u32>;
 @group(0) @binding(3) var<storage, read> wg: array<f32>;
@@ -28,6 +29,7 @@ fn value(row: u32, i: u32) -> f32 {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) groups: vec3<u32>) {
+    p = params;
     let row = wid.x + wid.y * groups.x;
     if (row >= p.rows) {
         return;

@@ -4,7 +4,8 @@
 // were written there before). Softmax as vt-cpu: scores, their max, exps, their sum, then
 // `o += (e / sum) * v` in key order.
 struct P { t: u32, hq: u32, hkv: u32, d: u32, start: u32, window: u32, bs: u32, scale: f32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> table: array<u32>;
 @group(0) @binding(3) var<storage, read> kc: array<f32>;
@@ -34,6 +35,7 @@ fn value(j: u32, g: u32, c: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    p = params;
     let h = wid.x;
     let i = wid.y;
     let g = h / (p.hq / p.hkv);

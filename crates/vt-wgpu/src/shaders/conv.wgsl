@@ -1,7 +1,8 @@
 // Depthwise causal conv1d with silu over `x` `[t, c]`, weight `[c, k]` (f32), continuing from and
 // updating `state` `[c, k - 1]`; an invocation per channel, tokens in order.
 struct P { t: u32, c: u32, k: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
@@ -9,6 +10,7 @@ struct P { t: u32, c: u32, k: u32 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    p = params;
     let ch = flat(gid, groups);
     if (ch >= p.c) {
         return;

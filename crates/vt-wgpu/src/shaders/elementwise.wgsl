@@ -3,13 +3,15 @@
 // its `k` slots at column `i % per`, times their weights `b`, summed in slot (ascending expert)
 // order.
 struct P { op: u32, count: u32, per: u32, k: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    p = params;
     let i = flat(gid, groups);
     if (i >= p.count) {
         return;

@@ -4,7 +4,8 @@
 // with q, k l2-normalised (`x * rsqrt(sum(x^2) + 1e-6)`) and q divided by sqrt(key_dim), for the
 // call's tokens `first..first + n` (a dispatch's share of the call's `t`).
 struct P { t: u32, kh: u32, vh: u32, dk: u32, dv: u32, scale: f32, first: u32, n: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
@@ -19,6 +20,7 @@ var<workgroup> norms: array<f32, 2>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    p = params;
     let h = wid.x;
     let kh = h / (p.vh / p.kh);
     let sbase = h * p.dk * p.dv;

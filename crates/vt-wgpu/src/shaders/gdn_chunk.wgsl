@@ -4,7 +4,8 @@
 //   q, k l2-normalised (q times `scale`);  A_ij = (β_i k_i · k_j) Γ_ij (j < i);
 //   QK_ij = (q_i · k_j) Γ_ij (j <= i);  (I + A) U = β v;  (I + A) W = β k exp(c)
 // into the chunk's block of `scratch` (layout in gdn_layout.wgsl), which gdn_state.wgsl reads.
-@group(0) @binding(0) var<uniform> p: GdnP;
+@group(0) @binding(0) var<storage, read> params: GdnP;
+var<private> p: GdnP;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
@@ -22,6 +23,7 @@ fn two_sum(a: f32, b: f32) -> vec2<f32> {
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    p = params;
     let h = wid.x;
     let l = chunk_len(wid.y);
     let s0 = (p.first + wid.y) * CHUNK;

@@ -4,13 +4,15 @@
 //   S = S exp(c_last) + sum_j (k_j exp(c_last - c_j)) (x) v'_j
 // with S the state `[value_heads, dk, dv]` entering each chunk, products formed as vt-cpu forms
 // them.
-@group(0) @binding(0) var<uniform> p: GdnP;
+@group(0) @binding(0) var<storage, read> params: GdnP;
+var<private> p: GdnP;
 @group(0) @binding(1) var<storage, read> scratch: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    p = params;
     let x = gid.x;
     let h = gid.y;
     if (x >= p.dv) {

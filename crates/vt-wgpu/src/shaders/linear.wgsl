@@ -6,7 +6,8 @@
 // e - first, input row = slot; 2, their gate and up: `silu(W[2m] x) * W[2m + 1] x`, m = e - first,
 // x the slot's token.
 struct P { fmt: u32, n: u32, k: u32, b0: u32, b1: u32, mode: u32, top_k: u32, first: u32, end: u32, cols: u32, col0: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> wv: array<u32>;
 @group(0) @binding(2) var<storage, read> ws: array<u32>;
 @group(0) @binding(3) var<storage, read> wg: array<f32>;
@@ -36,6 +37,7 @@ fn wdot(f: Fmt, m: u32, r: u32, x0: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    p = params;
     let r = gid.x;
     let row = gid.y;
     if (r >= p.n) {

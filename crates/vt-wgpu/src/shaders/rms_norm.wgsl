@@ -1,7 +1,8 @@
 // RMSNorm of each row (a workgroup a row): `x * r * (w + offset)`, or gated
 // `w * (x * r) * silu(z)`, with `r = 1 / sqrt(mean(x^2) + eps)`.
 struct P { d: u32, eps: f32, offset: f32, gated: u32, rows: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read> z: array<f32>;
@@ -12,6 +13,7 @@ var<workgroup> part: array<f32, 64>;
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) groups: vec3<u32>) {
+    p = params;
     let row = wid.x + wid.y * groups.x;
     if (row >= p.rows) {
         return;

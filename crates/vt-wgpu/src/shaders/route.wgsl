@@ -5,7 +5,8 @@
 // Writes each token's chosen experts in ascending order (the order vt-cpu sums them in) to `ids`
 // and their weights to `wts`; `logits` is overwritten by the probabilities or scores.
 struct P { t: u32, e: u32, k: u32, kind: u32, renorm: u32, has_cap: u32, cap: f32, scaling: f32, has_bias: u32 }
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<storage, read> params: P;
+var<private> p: P;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
@@ -26,6 +27,7 @@ fn rank(x: f32) -> i32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    p = params;
     let tok = flat(gid, groups);
     if (tok >= p.t) {
         return;
