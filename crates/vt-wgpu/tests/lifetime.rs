@@ -8,7 +8,7 @@
 
 //!
 //! Each test's backends share one device (`WgpuBackend::on`), as CUDA backends share a GPU's
-//! context: lavapipe's JIT code memory runs out over a few dozen devices in one process.
+//! context, so each kernel is compiled once a test.
 
 use std::sync::Arc;
 
