@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use vt_core::{Error, Result};
 use wgpu::util::DeviceExt;
 
-use crate::shaders::Kernel;
+use crate::shaders::{self, Kernel};
 
 /// Commands recorded before the encoder is submitted without being asked (bounds what a long
 /// run of ops with no read-back keeps alive).
@@ -92,6 +92,7 @@ impl Gpu {
             None => err("no wgpu adapter (install a Vulkan driver: Mesa's lavapipe runs on the CPU)"),
         })?;
         let limits = limits(adapter.limits());
+        shaders::check_limits(&limits).map_err(|e| err(format!("adapter {}: {e}", adapter.get_info().name)))?;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("vt"),
             required_limits: limits.clone(),

@@ -106,8 +106,7 @@ impl WgpuBackend {
 
     /// A backend instance on a device another instance may share (as CUDA backends share a
     /// GPU's context): its own allocator, id and memory; the device's compiled kernels shared.
-    /// Tests that make many backends use it: a software driver's code memory (lavapipe's JIT)
-    /// may not come back when a device goes.
+    /// Tests that make many backends use it, so each kernel compiles once.
     pub fn on(gpu: &Arc<Gpu>, mode: AllocMode) -> Self {
         WgpuBackend {
             alloc: Arc::new(Allocator::new(mode, GpuMemory::new(gpu.clone()))),

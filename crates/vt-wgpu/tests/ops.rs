@@ -42,6 +42,15 @@ fn embedding_and_lm_head_in_pieces_on_an_adapter_of_small_bindings() {
     suite::embedding_and_lm_head_of_a_large_vocabulary(&on(WgpuBackend::on(&gpu, AllocMode::System)));
 }
 
+/// An adapter that binds fewer storage buffers to a kernel than vt's need is refused when its
+/// device is made, with the limit named, rather than failing at a kernel's first dispatch.
+#[test]
+fn an_adapter_too_small_for_the_kernels_is_refused_by_name() {
+    let refused = Gpu::with_limits(|l| wgpu::Limits { max_storage_buffers_per_shader_stage: 4, ..l });
+    let e = refused.err().expect("an adapter binding 4 storage buffers a kernel is refused").to_string();
+    assert!(e.contains("max_storage_buffers_per_shader_stage >= ") && e.contains("is 4"), "{e}");
+}
+
 // Not here: attention_flash_prefill, attention_decode_batched_sequences,
 // attention_decode_long_cache and moe_block_decode_every_router_format_and_shared_expert, whose
 // shapes are vt-cuda's tiles, splits and launch limits (vt-wgpu has one attention and one MoE path,
