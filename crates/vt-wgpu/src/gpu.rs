@@ -22,8 +22,9 @@ const FLUSH_EVERY: usize = 256;
 /// loop's body runs plus one exit test): llvmpipe, and so lavapipe, silently ends every loop of
 /// an invocation once 65535 iterations of all its loops together have run
 /// (`LP_MAX_TGSI_LOOP_ITERATIONS`, a count shared between every loop of a shader). Kernels whose
-/// loops grow with the input (the gated delta rule's, over tokens and chunks) split their work
-/// into dispatches that stay under this, on every adapter: one path, the one CI runs.
+/// loops grow with the input (the gated delta rule's over tokens and chunks, attention's over
+/// keys) split their work into dispatches that stay under this, on every adapter: one path, the
+/// one CI runs.
 pub(crate) const LOOP_BUDGET: usize = 60_000;
 
 /// Source of each device's range of buffer addresses (memory.rs), so that addresses are unique

@@ -1,12 +1,12 @@
 //! Attention's key/value pool: for every attention layer, keys and values f32 `[blocks, KV_BLOCK,
 //! kv_heads, head_dim]`, one buffer each, taken when the pool is made. A call writes its rows into
 //! the blocks its sequence's table names (copies, in command order), then attention.wgsl reads
-//! every visible position through the table.
+//! every visible position through the table, in as many dispatches as keep within `LOOP_BUDGET`.
 
 use vt_core::backend::check::{self, AttentionDims};
 use vt_core::{AttentionParams, KvLayout, KvSeq, Result, Tensor};
 
-use crate::gpu::{err, Range};
+use crate::gpu::{err, Range, LOOP_BUDGET};
 use crate::shaders::Kernel;
 use crate::{act, u32_of, GpuBuffer, WgpuBackend};
 
@@ -108,24 +108,46 @@ pub fn attention(
         pos += run;
     }
     let table = b.host_data(bytemuck::cast_slice(seq.table));
-    let params = [
-        u32_of(d.t, op)?,
-        u32_of(d.q_heads, op)?,
-        u32_of(d.kv_heads, op)?,
-        u32_of(d.head_dim, op)?,
-        u32_of(seq.start, op)?,
-        u32_of(p.window.unwrap_or(0), op)?,
-        KV_BLOCK as u32,
-        p.scale.to_bits(),
-    ];
-    let bindings = [
-        (1, qb.range()),
-        (2, Range { buffer: &table, offset: 0, size: table.size() }),
-        (3, l.k.range()),
-        (4, l.v.range()),
-        (5, out.buffer().range()),
-    ];
-    let groups = [b.gpu.axis(d.q_heads, op)?, b.gpu.axis(d.t, op)?, 1];
-    b.gpu.dispatch(Kernel::Attention, &params, &bindings, groups)?;
+    // Keys 0..keys in dispatches of `per`, from the first any query's window sees.
+    let (keys, per) = (seq.start + d.t, keys_per_dispatch(d.head_dim));
+    let from = p.window.map_or(0, |w| (seq.start + 1).saturating_sub(w)) / per;
+    let dispatches = keys.div_ceil(per) - from;
+    // What a query carries from one dispatch to the next: its max, sum and unnormalized output.
+    let run = b.buffer(if dispatches > 1 { d.t * d.q_heads * (2 + d.head_dim) * 4 } else { 4 })?;
+    for c in from..from + dispatches {
+        let params = [
+            u32_of(d.t, op)?,
+            u32_of(d.q_heads, op)?,
+            u32_of(d.kv_heads, op)?,
+            u32_of(d.head_dim, op)?,
+            u32_of(seq.start, op)?,
+            u32_of(p.window.unwrap_or(0), op)?,
+            KV_BLOCK as u32,
+            p.scale.to_bits(),
+            u32_of(c * per, op)?,
+            u32_of(((c + 1) * per).min(keys), op)?,
+            (c == from) as u32,
+            (c + 1 == from + dispatches) as u32,
+        ];
+        let bindings = [
+            (1, qb.range()),
+            (2, Range { buffer: &table, offset: 0, size: table.size() }),
+            (3, l.k.range()),
+            (4, l.v.range()),
+            (5, out.buffer().range()),
+            (6, run.range()),
+        ];
+        let groups = [b.gpu.axis(d.q_heads, op)?, b.gpu.axis(d.t, op)?, 1];
+        b.gpu.dispatch(Kernel::Attention, &params, &bindings, groups)?;
+    }
     Ok(out)
+}
+
+/// Keys one attention.wgsl dispatch reads: tiles of 64, as many as keep its busiest invocation
+/// within `LOOP_BUDGET`. A tile takes two passes of a score each (d + 2 iterations with the key
+/// loop's test), then the tile loop's own, a score (d + 1), the key loop (65) and 64 keys' value
+/// loops (at most (d + 63) / 64 + 1 each): at most 4d + 198; the reductions and the output loop
+/// take under 64 more.
+fn keys_per_dispatch(head_dim: usize) -> usize {
+    64 * ((LOOP_BUDGET - 64) / (4 * head_dim + 198)).max(1)
 }

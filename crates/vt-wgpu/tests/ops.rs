@@ -65,6 +65,7 @@ vt_test_support::op_tests!(wgpu() =>
     attention_full_and_windowed_across_calls,
     attention_continues_over_a_copied_block,
     attention_decode_continues_rows,
+    attention_over_a_long_context,
     conv_and_gated_delta_rule_across_calls,
     gated_delta_rule_chunked_prefill,
     gated_delta_rule_long_at_model_heads,

@@ -952,6 +952,33 @@ pub fn attention_decode_long_cache<G: Backend>(dev: &OnDevice<G>) {
     }
 }
 
+/// A context longer than one pass of a backend's kernel may read: vt-wgpu splits the keys over
+/// dispatches within lavapipe's loop budget (1664 keys at head dimension 512; in one, lavapipe cut
+/// the loops short from about 1900), so a prefill of 2000 positions has queries whose keys lie in
+/// one dispatch and in two, then two decode steps; windowed (300), a decode step's keys all lie
+/// past the first dispatch's.
+pub fn attention_over_a_long_context<G: Backend>(dev: &OnDevice<G>) {
+    let mut r = Rng(0x10c7);
+    let (hq, hkv, d, prompt) = (1, 1, 512, 2000);
+    let total = prompt + 2;
+    let (q, k, v) = (r.vec(total * hq * d, 2.0), r.vec(total * hkv * d, 2.0), r.vec(total * hkv * d, 2.0));
+    for window in [None, Some(300)] {
+        let params = AttentionParams { scale: (d as f32).powf(-0.5), window };
+        on_both!(dev, &format!("attention over {total} positions, window {window:?}"), dev.attention_bound(d), |b| {
+            let blocks = total.div_ceil(b.kv_block_size()) + 2;
+            let (mut tables, mut pool) = Tables::new(b, 1, (hkv, d), blocks, window, &mut Rng(12));
+            let mut all = Vec::new();
+            for (at, n) in [(0, prompt), (prompt, 1), (prompt + 1, 1)] {
+                let (qt, kt, vt) = qkv_rows(b, (&q, &k, &v), (hq, hkv, d), at, n);
+                tables.grow(0, n);
+                all.extend(out(b, &b.attention(&qt, &kt, &vt, &mut pool, tables.seq(0), &params).unwrap()));
+                tables.advance(0, n);
+            }
+            all
+        });
+    }
+}
+
 /// A fork as prefix sharing makes one: a second sequence shares the first's full blocks and takes
 /// a copy of its partial last block (`copy_kv_block`), then both go on with tokens of their own;
 /// the copy must hold exactly what the original held.
