@@ -35,7 +35,7 @@ pub use kv::{WgpuKvPool, KV_BLOCK};
 pub use memory::{AllocMode, GpuBuffer};
 pub use moe::WgpuExpertTable;
 
-use gpu::{err, Range};
+use gpu::{err, Range, LOOP_BUDGET};
 use memory::{Allocator, GpuMemory};
 use shaders::Kernel;
 
@@ -221,6 +221,14 @@ impl WgpuBackend {
             Rows::Linear { col0, cols } => (0, 1, (0, 1), (col0, cols)),
             Rows::Experts { up, top_k, experts } => (1 + up as u32, top_k, experts, (0, n)),
         };
+        // An output is a loop over the inputs (two, for gate and up): past the budget, lavapipe
+        // would end it early, so no adapter takes it.
+        let inputs = fmt[2] as usize;
+        if (inputs + 1) * (1 + (mode == 2) as usize) > LOOP_BUDGET {
+            return Err(err(format!(
+                "{op}: {inputs} inputs a row exceed the {LOOP_BUDGET} loop iterations a shader invocation may take"
+            )));
+        }
         let mut params = fmt.to_vec();
         params.extend([mode, u32_of(top_k, op)?, u32_of(first, op)?, u32_of(end, op)?]);
         params.extend([u32_of(cols, op)?, u32_of(col0, op)?]);

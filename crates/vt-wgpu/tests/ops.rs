@@ -51,6 +51,19 @@ fn an_adapter_too_small_for_the_kernels_is_refused_by_name() {
     assert!(e.contains("max_storage_buffers_per_shader_stage >= ") && e.contains("is 4"), "{e}");
 }
 
+/// A linear of more inputs a row than one shader invocation may loop over is refused by name,
+/// where lavapipe would end the loop early and return a wrong sum.
+#[test]
+fn a_linear_past_the_loop_budget_is_refused() {
+    use vt_core::backend::prelude::*;
+    let b = WgpuBackend::new().expect("a wgpu adapter");
+    let k = 70_000;
+    let x = b.from_f32(&[1, k], &vec![1.0; k]).unwrap();
+    let w = vt_core::Linear::new(&b, vt_core::Weight::Dense(b.from_f32(&[1, k], &vec![1.0; k]).unwrap())).unwrap();
+    let e = b.linear(&x, &w).expect_err("a linear of 70000 inputs a row is refused").to_string();
+    assert!(e.contains("70000 inputs a row exceed"), "{e}");
+}
+
 // Not here: attention_flash_prefill and attention_decode_batched_sequences, whose shapes are
 // vt-cuda's tiles and splits (vt-wgpu has one attention path, which the tests below take): 6 and
 // 13 minutes on lavapipe on two cores, where they pass.
