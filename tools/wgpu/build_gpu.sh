@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds here, where there is no GPU, what tools/wgpu/run_gpu.sh runs on the GPU machine: `vt`
-# with both GPU backends and vt-wgpu's op and parity test binaries (into .gpu/wgpu, ignored by
+# with both GPU backends and vt-wgpu's op, parity and out-of-memory test binaries (into .gpu/wgpu, ignored by
 # git), and fetches the Vulkan loader's Debian packages into .gl (the GPU machine has NVIDIA's
 # Vulkan driver, not always the loader). Prints the one device command; carry [".gpu/wgpu", ".gl"].
 set -euo pipefail
@@ -9,7 +9,7 @@ out=.gpu/wgpu
 rm -rf "$out" && mkdir -p "$out"
 cargo build --release -p vt-cli --features cuda,wgpu
 cp target/release/vt "$out/vt"
-for t in ops parity; do
+for t in ops parity out_of_memory; do
     cargo test --release -p vt-wgpu --test "$t" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:

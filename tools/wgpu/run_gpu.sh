@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the repository root with .gpu/wgpu and .gl carried (tools/wgpu/
 # build_gpu.sh): vt-wgpu on the GPU's Vulkan driver (VT_WGPU_ADAPTER, default "nvidia"): its op
-# tests and fixture parity against vt-cpu, then `vt bench` on Qwen3.5-35B-A3B (random weights at
-# its config's shapes, every layer unless VT_LAYERS says how many; prompt 512, 32 tokens, batch
-# VT_BATCH, default 1) on CUDA and on wgpu, and wgpu's speed as a fraction of CUDA's. Each step
-# has its own time limit (4 minutes in all at most) and the next runs whatever the last did. Full
-# logs go to $OUT (or /tmp/vt-wgpu); a summary is printed last.
+# tests, fixture parity against vt-cpu and its out-of-memory test, then `vt bench` on
+# Qwen3.5-35B-A3B (random weights at its config's shapes, every layer unless VT_LAYERS says how
+# many; prompt 512, 32 tokens, batch VT_BATCH, default 1) on CUDA and on wgpu, and wgpu's speed
+# as a fraction of CUDA's. Each step has its own time limit (under 5 minutes in all) and the
+# next runs whatever the last did. Full logs go to $OUT (or /tmp/vt-wgpu); a summary is printed
+# last.
 set -uo pipefail
 logs=${OUT:-/tmp/vt-wgpu}
 mkdir -p "$logs"
@@ -41,6 +42,7 @@ grep -E '^op ' "$logs/ops.log" | sort -t= -k2 -g | tail -5
 grep -E '^test .*FAILED' "$logs/ops.log"
 run parity 45 "$bin/parity" --nocapture
 grep -E '^test .*FAILED' "$logs/parity.log"
+run out_of_memory 30 "$bin/out_of_memory" --nocapture
 model=tools/gpu/configs/qwen3_5_35b_a3b
 args=(--model "$model" --load-format dummy --batch "${VT_BATCH:-1}" --prompt-len 512 --gen-len 32)
 [ -n "${VT_LAYERS:-}" ] && args+=(--num-layers "$VT_LAYERS")
