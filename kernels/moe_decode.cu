@@ -240,6 +240,22 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_NV4_WARPS, MOE_NV4_MIN_BLO
     // The shared expert's blocks know their rows without the routing: their first round of
     // weights is in flight before they wait, while the routing kernel runs.
     bool shared_slot = sh.present && blockIdx.x % slots == slots - 1;
+    if (shared_slot && sh.gate.kind == DT_BF16) {
+        // A bf16 shared expert (ModelOpt's exports keep it bf16 beside NVFP4 experts): the row
+        // block's units a warp each, as moe_dec_gate_up does, each warp waiting once.
+        const WeightDesc w[2] = {sh.gate, sh.up};
+        bool wait = true;
+        for (int j = warp; j < NV4_ROWS; j += W) {
+            int u = NV4_ROWS * rb + j;
+            if (u >= inter) break;
+            float d[2];
+            warp_dots<2>(w, u, x + (long long)tok * w[0].k, wait, d);
+            wait = false;
+            if (lane == 0) act[(long long)blockIdx.x * inter + u] = silu(d[0]) * d[1];
+        }
+        if (wait) grid_dep_wait_then_trigger();
+        return;
+    }
     if (!shared_slot) grid_dep_wait_then_trigger();
     int id = shared_slot ? -1 : slot_ids[blockIdx.x];
     const WeightDesc w[2] = {id >= 0 ? table[3 * id] : sh.gate, id >= 0 ? table[3 * id + 1] : sh.up};
@@ -312,7 +328,10 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
         mul[s] *= dn[s].global[0];
     }
     __syncthreads();
-    int kt_n = (inter + NV4_K - 1) / NV4_K, items = slots * kt_n;
+    // A bf16 shared expert (the last slot) is not in the tensor-core items: its rows are dots of
+    // their own after them.
+    bool bf16_shared = sh.present && sh.down.kind == DT_BF16;
+    int kt_n = (inter + NV4_K - 1) / NV4_K, items = (slots - bf16_shared) * kt_n;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint4 q[U];
     uint2 sc[U];
@@ -359,10 +378,30 @@ __device__ __forceinline__ void moe_nv4_down(bf16* out, const float* act, const 
         part[warp][g] = acc[0];
         part[warp][g + 8] = acc[2];
     }
+    __shared__ float shared_rows[NV4_ROWS];
+    if (bf16_shared) {
+        // Row r of the block by warp r % W, over the shared slot's f32 activations.
+        typedef Bf16Chunks F;
+        const float* as = a + (long long)(slots - 1) * inter;
+        for (int r = warp; r < NV4_ROWS; r += W) {
+            long long row = (long long)NV4_ROWS * rb + r;
+            float dot = 0.0f;
+            if (row < hidden)
+                for (int ch = lane; ch < inter / F::ELEMS; ch += 32) {
+                    uint4 v;
+                    float xf[F::ELEMS];
+                    F::load(sh.down, row, ch, v);
+                    load_xchunk(as, ch, xf);
+                    dot += F::dot(v, xf);
+                }
+            dot = warp_sum(dot);
+            if (lane == 0) shared_rows[r] = mul[slots - 1] * dot;
+        }
+    }
     __syncthreads();
     int row = NV4_ROWS * rb + threadIdx.x;
     if (threadIdx.x < NV4_ROWS && row < hidden) {
-        float sum = 0.0f;
+        float sum = bf16_shared ? shared_rows[threadIdx.x] : 0.0f;
 #pragma unroll
         for (int j = 0; j < W; j++) sum += part[j][threadIdx.x];
         out[(long long)tok * hidden + row] = f2bf(sum);

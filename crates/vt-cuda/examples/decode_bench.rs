@@ -90,7 +90,8 @@ struct MoeLayer {
 }
 
 impl MoeLayer {
-    fn new(b: &B, fp4: bool, seed: u64) -> Result<Self> {
+    /// Routed experts NVFP4 or bf16 (`fp4`), the shared expert as `shared_fp4` says.
+    fn new(b: &B, fp4: bool, shared_fp4: bool, seed: u64) -> Result<Self> {
         let experts = (0..EXPERTS as u64)
             .map(|e| {
                 let s = seed * 1000 + 3 * e;
@@ -101,7 +102,7 @@ impl MoeLayer {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let lin = |n, k, s| Linear::new(b, weight(b, fp4, n, k, s)?);
+        let lin = |n, k, s| Linear::new(b, weight(b, shared_fp4, n, k, s)?);
         Ok(MoeLayer {
             router: Router {
                 weight: Linear::new(b, weight(b, false, EXPERTS, H, seed ^ 0xabc)?)?,
@@ -119,16 +120,25 @@ impl MoeLayer {
     }
 }
 
-/// Bytes a MoE layer reads for `t` tokens: the router and gate rows, and the experts the tokens
-/// may pick, at most t * k (+ shared).
-fn moe_bytes(t: usize, fp4: bool) -> f64 {
-    let experts = (TOP_K * t).min(EXPERTS) + 1;
-    (EXPERTS * H * 2 + H * 2) as f64 + (experts * 3 * INTER * H) as f64 * bytes_per_weight(fp4)
+/// Bytes a MoE layer reads for `t` tokens: the router and gate rows, the experts the tokens may
+/// pick (at most t * k) and the shared expert.
+fn moe_bytes(t: usize, fp4: bool, shared_fp4: bool) -> f64 {
+    let (routed, matrix) = ((TOP_K * t).min(EXPERTS), (3 * INTER * H) as f64);
+    (EXPERTS * H * 2 + H * 2) as f64 + matrix * (routed as f64 * bytes_per_weight(fp4) + bytes_per_weight(shared_fp4))
 }
 
-fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
-    let layers = (0..if fp4 { 8 } else { 4 }).map(|l| MoeLayer::new(b, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
-    let fmt = if fp4 { "nvfp4" } else { "bf16" };
+/// The MoE layer fused and composed, its routed experts NVFP4 or bf16 (`fp4`) and its shared
+/// expert as `shared_fp4` says (NVFP4 beside bf16 is ModelOpt's layout, whose shared expert went
+/// through its own projections beside the fused kernels before they took it: that is its
+/// "before").
+fn moe(b: &B, r: &Report, fp4: bool, shared_fp4: bool) -> Result<()> {
+    let layers =
+        (0..if fp4 { 8 } else { 4 }).map(|l| MoeLayer::new(b, fp4, shared_fp4, l + 1)).collect::<Result<Vec<_>>>()?;
+    let fmt = match (fp4, shared_fp4) {
+        (true, false) => "nvfp4 + bf16 shared",
+        (true, true) => "nvfp4",
+        _ => "bf16",
+    };
     for t in [1usize, 4] {
         let xs = (0..layers.len() as u64)
             .map(|l| b.random(DType::BF16, &[t, H], 77 + l, 1.0))
@@ -137,6 +147,9 @@ fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
             let (l, x) = (&layers[i % layers.len()], &xs[i % layers.len()]);
             if fused {
                 b.moe_block(x, &l.router, &l.experts, Some(&l.shared()))?;
+            } else if fp4 != shared_fp4 {
+                let routed = b.moe_block(x, &l.router, &l.experts, None)?;
+                composed::add_shared_expert(b, x, &routed, &l.shared())?;
             } else {
                 composed::moe_block(b, x, &l.router, &l.experts, Some(&l.shared()))?;
             }
@@ -146,12 +159,13 @@ fn moe(b: &B, r: &Report, fp4: bool) -> Result<()> {
             run(i, true)?;
             run(i, false)?;
         }
-        let bytes = moe_bytes(t, fp4);
+        let bytes = moe_bytes(t, fp4, shared_fp4);
         let fused = b.time_queued(200, 30.0, |i| run(i, true))?;
         let composed = b.time_queued(50, 30.0, |i| run(i, false))?;
         let peer = if fp4 { String::new() } else { format!("hf_moe_block_t{t}") };
         r.row(&format!("moe layer {fmt} t={t} (fused)"), fused.device_us, bytes, &peer);
-        r.row(&format!("moe layer {fmt} t={t} (composed ops, before)"), composed.device_us, bytes, "");
+        let before = if fp4 == shared_fp4 { "composed ops" } else { "shared expert composed" };
+        r.row(&format!("moe layer {fmt} t={t} ({before}, before)"), composed.device_us, bytes, "");
         println!("    host µs per call: fused {:.1}, composed {:.1}", fused.host_us, composed.host_us);
     }
     Ok(())
@@ -344,7 +358,7 @@ fn nv4(b: &B, r: &Report) -> Result<()> {
 /// shape of `list`.
 fn moe_sweep(b: &B, r: &Report, fp4: bool, list: &[&[(&str, i64)]]) -> Result<()> {
     let moe_variants = variants(b, list)?;
-    let layers = (0..8).map(|l| MoeLayer::new(b, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
+    let layers = (0..8).map(|l| MoeLayer::new(b, fp4, fp4, l + 1)).collect::<Result<Vec<_>>>()?;
     let fmt = if fp4 { "nvfp4" } else { "bf16" };
     for t in [1usize, 4, 16] {
         let xs = (0..layers.len() as u64)
@@ -360,7 +374,7 @@ fn moe_sweep(b: &B, r: &Report, fp4: bool, list: &[&[(&str, i64)]]) -> Result<()
                 run(i)?;
             }
             let time = vb.time_queued(200, 30.0, run)?;
-            nv4_row(r, &format!("moe layer {fmt} t={t}"), name, time.device_us, moe_bytes(t, fp4));
+            nv4_row(r, &format!("moe layer {fmt} t={t}"), name, time.device_us, moe_bytes(t, fp4, fp4));
         }
     }
     Ok(())
@@ -476,8 +490,9 @@ fn main() -> Result<()> {
         attention(&b, &r, (48, 8, 128), 4000, Some(512))?;
     }
     if wanted("moe") {
-        moe(&b, &r, false)?;
-        moe(&b, &r, true)?;
+        moe(&b, &r, false, false)?;
+        moe(&b, &r, true, true)?;
+        moe(&b, &r, true, false)?;
     }
     // A sweep, only when named (tools/gpu/bench_decode.sh runs the rest in its time limit).
     if std::env::var("VT_BENCH_CASES").is_ok() && wanted("nv4") {

@@ -67,9 +67,10 @@ fn format(ws: &mut dyn Iterator<Item = &Weight<CudaBackend>>) -> Option<bool> {
 }
 
 /// Whether the fused kernels take a call of `t` tokens of `width` activations, and then the
-/// experts' format (`true`: NVFP4): t <= MOE_DEC_MAX_T tokens whose logits the GEMV kernels take,
-/// a bf16 router, one expert format, a shared expert of the routed experts' width, a token's
-/// activations within the device's shared memory per block.
+/// routed experts' format (`true`: NVFP4): t <= MOE_DEC_MAX_T tokens whose logits the GEMV kernels
+/// take, a bf16 router, one expert format, a shared expert of the routed experts' width and
+/// format (or bf16 beside NVFP4 experts, as ModelOpt exports them: the NVFP4 kernels run its
+/// slot as bf16), a token's activations within the device's shared memory per block.
 fn nvfp4_if_fits(
     b: &CudaBackend,
     (t, width): (usize, usize),
@@ -90,8 +91,8 @@ fn nvfp4_if_fits(
     });
     let logits: Vec<_> =
         std::iter::once(&router.weight.weight).chain(shared.and_then(|s| s.gate_proj).map(|g| &g.weight)).collect();
-    let routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
-    let shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
+    let mut routed = experts.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
+    let mut shared_ws = shared.into_iter().flat_map(|s| [&s.gate.weight, &s.up.weight, &s.down.weight]);
     let fits = (1..=MOE_DEC_MAX_T).contains(&t)
         && width == h
         && n_exp <= ROUTE_MAX_EXP
@@ -100,7 +101,10 @@ fn nvfp4_if_fits(
         && shared_fits
         && gemv::fits(b, t, &logits)
         && staged_fits(top_k + shared.is_some() as usize, inter, b.k().max_shared);
-    fits.then(|| format(&mut routed.chain(shared_ws))).flatten()
+    let routed = format(&mut routed)?;
+    // NVFP4 experts take a shared expert of either format; bf16 ones a bf16 one.
+    let shared_format = shared.is_none() || matches!(format(&mut shared_ws), Some(fp4) if fp4 == routed || routed);
+    (fits && shared_format).then_some(routed)
 }
 
 /// The fused block, in one call or NVFP4's chunks of one (`nvfp4_in_chunks`); `None` for calls
@@ -227,7 +231,8 @@ fn moe_block(
     // MOE_DEC_GU_WARPS threads (NVFP4: 32 MOE_NV4_WARPS; the kernels' own numbers; row blocks <
     // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this
     // stream) are experts < n_exp or -1; the table has 3 * n_exp descs (gate and up [inter, h],
-    // down [h, inter]) of the one format `fp4` names, as are the shared expert's (checked); act
+    // down [h, inter]) of the one format `fp4` names, as are the shared expert's, or they are
+    // bf16 beside NVFP4 experts, with rows of whole 16-byte chunks (checked); act
     // holds t * slots * inter floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes
     // (allowed above).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
