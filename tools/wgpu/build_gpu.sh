@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds here, where there is no GPU, what tools/wgpu/run_gpu.sh runs on the GPU machine: `vt`
-# with both GPU backends and vt-wgpu's op, parity and out-of-memory test binaries (into .gpu/wgpu, ignored by
-# git), and fetches the Vulkan loader's Debian packages into .gl (the GPU machine has NVIDIA's
-# Vulkan driver, not always the loader). Prints the one device command; carry [".gpu/wgpu", ".gl"].
+# with both GPU backends and vt-wgpu's op, parity and out-of-memory test binaries (into
+# .gpu/wgpu, ignored by git), fetches the Vulkan loader's Debian packages into .gl (the GPU
+# machine has NVIDIA's Vulkan driver, not always the loader) and compresses the binaries into
+# .gpu/xz (tools/gpu/pack.sh). Prints the one device command; carry [".gpu/xz", ".gl"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu/wgpu
@@ -27,6 +28,8 @@ if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then
     apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1 libglvnd0 libegl1 libglx0 libgl1 libopengl0)
 fi
 ls -la "$out" .gl
+# Compressed: the binaries (about 52 MB) and the tracked tree do not fit the call's carry limit.
+bash tools/gpu/pack.sh "$out" >/dev/null
 echo
-echo 'device command (carry [".gpu/wgpu", ".gl"]):'
-echo "  bash tools/wgpu/run_gpu.sh"
+echo 'device command (carry [".gpu/xz", ".gl"]):'
+echo "  bash tools/gpu/unpack.sh && bash tools/wgpu/run_gpu.sh"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine, in the repository root with .gpu/wgpu and .gl carried (tools/wgpu/
-# build_gpu.sh): vt-wgpu on the GPU's Vulkan driver (VT_WGPU_ADAPTER, default "nvidia"): its op
-# tests, fixture parity against vt-cpu and its out-of-memory test, then `vt bench` on
-# Qwen3.5-35B-A3B (random weights at its config's shapes, every layer unless VT_LAYERS says how
-# many; prompt 512, 32 tokens, batch VT_BATCH, default 1) on CUDA and on wgpu, and wgpu's speed
-# as a fraction of CUDA's. Each step has its own time limit (under 5 minutes in all) and the
-# next runs whatever the last did. Full logs go to $OUT (or /tmp/vt-wgpu); a summary is printed
-# last.
+# On the GPU machine, in the repository root with .gpu/xz and .gl carried and .gpu/wgpu unpacked
+# (tools/wgpu/build_gpu.sh prints the command): vt-wgpu on the GPU's Vulkan driver
+# (VT_WGPU_ADAPTER, default "nvidia"): its op tests, fixture parity against vt-cpu and its
+# out-of-memory test, then `vt bench` on Qwen3.5-35B-A3B (random weights at its config's shapes,
+# every layer unless VT_LAYERS says how many; prompt 512, 32 tokens, batch VT_BATCH, default 1)
+# on CUDA and on wgpu, and wgpu's speed as a fraction of CUDA's. Each step has its own time limit
+# (under 5 minutes in all) and the next runs whatever the last did. Full logs go to $OUT (or
+# /tmp/vt-wgpu); a summary is printed last.
 set -uo pipefail
 logs=${OUT:-/tmp/vt-wgpu}
 mkdir -p "$logs"
