@@ -249,9 +249,9 @@ impl FusedOps for CudaBackend {
         if let Some(y) = moe::decode::fused(self, x, router, experts, shared)? {
             return Ok(y);
         }
-        // A shared expert the fused kernels do not take with the routed experts (another format:
-        // ModelOpt exports keep it bf16 beside NVFP4 experts; another width) runs through its own
-        // projections beside them.
+        // A shared expert the fused kernels do not take with the routed experts (another width,
+        // or a format they do not pair with the routed experts') runs through its own projections
+        // beside them.
         if let Some(s) = shared {
             if let Some(routed) = moe::decode::fused(self, x, router, experts, None)? {
                 return vt_core::backend::composed::add_shared_expert(self, x, &routed, s);

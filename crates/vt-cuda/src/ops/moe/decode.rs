@@ -232,9 +232,8 @@ fn moe_block(
     // ceil(inter / 16) of the tiled layout); slot ids (written by the previous kernel on this
     // stream) are experts < n_exp or -1; the table has 3 * n_exp descs (gate and up [inter, h],
     // down [h, inter]) of the one format `fp4` names, as are the shared expert's, or they are
-    // bf16 beside NVFP4 experts, with rows of whole 16-byte chunks (checked); act
-    // holds t * slots * inter floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes
-    // (allowed above).
+    // bf16 beside NVFP4 experts, with rows of whole 16-byte chunks (checked); act holds t * slots
+    // * inter floats; NVFP4: dynamic shared memory for ceil(h / 64) * 128 bytes (allowed above).
     unsafe { l.launch(cfg, "moe_dec_gate_up")? };
 
     // Both stage a token's activations in dynamic shared memory: bf16 as f32, NVFP4 as B
