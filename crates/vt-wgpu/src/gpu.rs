@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vt_core::{Error, Result};
-use wgpu::util::DeviceExt;
 
 use crate::shaders::{self, Kernel};
 
@@ -163,8 +162,24 @@ impl Gpu {
         })
     }
 
+    /// The buffer of `size` bytes that `make` creates, or an error where the adapter has no memory
+    /// for it: without a scope, wgpu hands that to its default error handler, which panics, and a
+    /// model or a batch too large for the adapter is an error to report instead.
+    pub(crate) fn create_buffer(
+        &self,
+        size: u64,
+        make: impl FnOnce(&wgpu::Device) -> wgpu::Buffer,
+    ) -> Result<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = make(&self.device);
+        match pollster::block_on(scope.pop()) {
+            None => Ok(buffer),
+            Some(e) => Err(err(format!("a buffer of {size} bytes: the adapter is out of memory ({e})"))),
+        }
+    }
+
     /// A fresh buffer holding `bytes` (zero-padded to 4 bytes) for `usage`.
-    pub(crate) fn init_buffer(&self, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    pub(crate) fn init_buffer(&self, bytes: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
         let mut padded;
         let contents = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
             bytes
@@ -173,17 +188,28 @@ impl Gpu {
             padded.resize(bytes.len().next_multiple_of(4).max(4), 0);
             &padded
         };
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents, usage })
+        // Not wgpu's `create_buffer_init`, which panics where the buffer could not be made.
+        let size = contents.len() as u64;
+        let buffer = self.create_buffer(size, |d| {
+            d.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: true })
+        })?;
+        buffer
+            .get_mapped_range_mut(..)
+            .map_err(|e| err(format!("filling a buffer of {size} bytes: {e}")))?
+            .copy_from_slice(contents);
+        buffer.unmap();
+        Ok(buffer)
     }
 
     /// Copies `bytes` into `dst` in command order.
-    pub(crate) fn write(&self, dst: Range<'_>, bytes: &[u8]) {
+    pub(crate) fn write(&self, dst: Range<'_>, bytes: &[u8]) -> Result<()> {
         if bytes.is_empty() {
-            return;
+            return Ok(());
         }
-        let staging = self.init_buffer(bytes, wgpu::BufferUsages::COPY_SRC);
+        let staging = self.init_buffer(bytes, wgpu::BufferUsages::COPY_SRC)?;
         let size = (bytes.len() as u64).next_multiple_of(4).min(dst.size);
         self.record(|e| e.copy_buffer_to_buffer(&staging, 0, dst.buffer, dst.offset, size));
+        Ok(())
     }
 
     /// Runs `kernel` with `params` at binding 0 and `bindings` (binding number, range) over
@@ -219,7 +245,7 @@ impl Gpu {
             )));
         }
         let pipeline = self.pipeline(kernel);
-        let params = self.init_buffer(bytemuck::cast_slice(params), wgpu::BufferUsages::STORAGE);
+        let params = self.init_buffer(bytemuck::cast_slice(params), wgpu::BufferUsages::STORAGE)?;
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() }];
         entries.extend(bindings.iter().map(|&(binding, r)| wgpu::BindGroupEntry {
             binding,
@@ -271,12 +297,14 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let size = (len as u64).next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read-back"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.create_buffer(size, |d| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read-back"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
         {
             let mut p = self.pending();
             let mut enc = p

@@ -107,7 +107,7 @@ pub fn attention(
         b.copy(vb, from, &l.v, to, bytes);
         pos += run;
     }
-    let table = b.host_data(bytemuck::cast_slice(seq.table));
+    let table = b.host_data(bytemuck::cast_slice(seq.table))?;
     // Keys 0..keys in dispatches of `per`, from the first any query's window sees.
     let (keys, per) = (seq.start + d.t, keys_per_dispatch(d.head_dim));
     let from = p.window.map_or(0, |w| (seq.start + 1).saturating_sub(w)) / per;

@@ -136,7 +136,7 @@ impl WgpuBackend {
     }
 
     /// A fresh storage buffer of host data (ids, tables) that an op binds.
-    fn host_data(&self, bytes: &[u8]) -> wgpu::Buffer {
+    fn host_data(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         self.gpu.init_buffer(bytes, wgpu::BufferUsages::STORAGE)
     }
 
@@ -168,7 +168,7 @@ impl WgpuBackend {
                 ([dense_format(t.dtype())?, n32, k32, 1, 1], [r, r, r])
             }
             Weight::Nvfp4(q) => {
-                let g = keep.insert(self.host_data(&q.global_scale.to_le_bytes()));
+                let g = keep.insert(self.host_data(&q.global_scale.to_le_bytes())?);
                 let g = Range { buffer: g, offset: 0, size: 4 };
                 ([4, n32, k32, 1, 1], [q.codes.buffer().range(), q.scales.buffer().range(), g])
             }
@@ -303,7 +303,7 @@ impl Device for WgpuBackend {
     fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self>> {
         check::upload(self, dtype, shape, bytes)?;
         let buf = self.buffer(bytes.len())?;
-        self.gpu.write(buf.range(), bytes);
+        self.gpu.write(buf.range(), bytes)?;
         Ok(Tensor::from_parts(buf, dtype, shape.to_vec()))
     }
 
@@ -343,7 +343,7 @@ impl Device for WgpuBackend {
         }
         let fmt = dense_format(x.dtype())?;
         let words = vt_core::backend::mask_words(width);
-        let mask = self.host_data(allowed.map_or(&[0u8; 4][..], bytemuck::cast_slice));
+        let mask = self.host_data(allowed.map_or(&[0u8; 4][..], bytemuck::cast_slice))?;
         let picks = self.buffer(rows * 8)?;
         let w = x.buffer().range();
         let params = [fmt, u32_of(rows, op)?, u32_of(width, op)?, 1, 1, allowed.is_some() as u32, u32_of(words, op)?];
@@ -375,7 +375,7 @@ impl Ops for WgpuBackend {
         let (vocab, hidden) = check::embedding(self, table, ids)?;
         let out = self.output(&[ids.len(), hidden])?;
         let n = ids.len() * hidden;
-        let ids_buf = self.host_data(bytemuck::cast_slice(ids));
+        let ids_buf = self.host_data(bytemuck::cast_slice(ids))?;
         let idr = Range { buffer: &ids_buf, offset: 0, size: ids_buf.size() };
         let fmt = dense_format(table.dtype())?;
         let w = table.buffer().range();
@@ -487,7 +487,7 @@ impl Ops for WgpuBackend {
                 })
             })
             .collect();
-        let cs = self.host_data(bytemuck::cast_slice(&table));
+        let cs = self.host_data(bytemuck::cast_slice(&table))?;
         let out = self.output(x.shape())?;
         let n = x.numel();
         let params = [u32_of(n, op)?, u32_of(heads, op)?, u32_of(dim, op)?, u32_of(rope.inv_freq.len(), op)?];

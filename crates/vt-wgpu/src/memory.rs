@@ -61,19 +61,14 @@ impl GpuMemory {
         if size as u64 > max {
             return Err(err(format!("a buffer of {size} bytes exceeds the adapter's limit of {max}")));
         }
-        // Without a scope, wgpu hands a device out of memory to its default error handler, which
-        // panics; a model or a batch too large for the adapter is an error to report instead.
-        let scope = self.gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: size as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        match pollster::block_on(scope.pop()) {
-            None => Ok(buffer),
-            Some(e) => Err(err(format!("a buffer of {size} bytes: the adapter is out of memory ({e})"))),
-        }
+        self.gpu.create_buffer(size as u64, |d| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: size as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
     }
 
     /// The buffer of the block at `addr`: the one it has, or (a block freshly carved from an arena

@@ -196,7 +196,7 @@ fn stack(b: &WgpuBackend, ws: &[&W], per: usize, what: &str) -> Result<Stack> {
             None
         } else {
             let buf = b.buffer(globals.len() * 4)?;
-            b.gpu.write(buf.range(), bytemuck::cast_slice(&globals));
+            b.gpu.write(buf.range(), bytemuck::cast_slice(&globals))?;
             Some(buf)
         };
         pieces.push(Piece { first, end, values, scales, globals });
