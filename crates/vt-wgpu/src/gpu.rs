@@ -162,19 +162,15 @@ impl Gpu {
         })
     }
 
-    /// The buffer of `size` bytes that `make` creates, or an error where the adapter has no memory
-    /// for it: without a scope, wgpu hands that to its default error handler, which panics, and a
-    /// model or a batch too large for the adapter is an error to report instead.
-    pub(crate) fn create_buffer(
-        &self,
-        size: u64,
-        make: impl FnOnce(&wgpu::Device) -> wgpu::Buffer,
-    ) -> Result<wgpu::Buffer> {
+    /// The buffer `desc` describes, or an error where the adapter has no memory for it: without a
+    /// scope, wgpu hands that to its default error handler, which panics, and a model or a batch
+    /// too large for the adapter is an error to report instead.
+    pub(crate) fn create_buffer(&self, desc: &wgpu::BufferDescriptor<'_>) -> Result<wgpu::Buffer> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = make(&self.device);
+        let buffer = self.device.create_buffer(desc);
         match pollster::block_on(scope.pop()) {
             None => Ok(buffer),
-            Some(e) => Err(err(format!("a buffer of {size} bytes: the adapter is out of memory ({e})"))),
+            Some(e) => Err(err(format!("a buffer of {} bytes: the adapter is out of memory ({e})", desc.size))),
         }
     }
 
@@ -190,9 +186,8 @@ impl Gpu {
         };
         // Not wgpu's `create_buffer_init`, which panics where the buffer could not be made.
         let size = contents.len() as u64;
-        let buffer = self.create_buffer(size, |d| {
-            d.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: true })
-        })?;
+        let buffer =
+            self.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: true })?;
         buffer
             .get_mapped_range_mut(..)
             .map_err(|e| err(format!("filling a buffer of {size} bytes: {e}")))?
@@ -297,13 +292,11 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let size = (len as u64).next_multiple_of(4);
-        let staging = self.create_buffer(size, |d| {
-            d.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read-back"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+        let staging = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         })?;
         {
             let mut p = self.pending();

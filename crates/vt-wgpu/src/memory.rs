@@ -61,13 +61,11 @@ impl GpuMemory {
         if size as u64 > max {
             return Err(err(format!("a buffer of {size} bytes exceeds the adapter's limit of {max}")));
         }
-        self.gpu.create_buffer(size as u64, |d| {
-            d.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: size as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+        self.gpu.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: size as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         })
     }
 
